@@ -1,0 +1,86 @@
+"""Static hyper-parameters of every allocation method (DESIGN.md section 2). Defaults are DESIGN's."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+from passrate_jax.configlib import ConfigError, option, section
+
+
+@dataclasses.dataclass(frozen=True)
+class DSConfig:
+    """DAPO dynamic sampling."""
+    gen_batch_multiple: int = option(3, ge=1, doc="generation batch = gen_batch_multiple * B prompts")
+    max_gen_batches: int = option(10, ge=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class SaraConfig:
+    """SARA sequential allocation."""
+    tau_confirm: float = option(0.9, ge=0, le=1)
+    tau_abandon: float = option(0.45, ge=0, le=1)
+    round_schedule: tuple[int, ...] = option((2, 2), ge=1,
+                                              doc="probe rollouts per round; a confirmed group is completed to N")
+    prior_a: float = option(1.0, gt=0)
+    prior_b: float = option(1.0, gt=0)
+
+    def validate(self) -> None:
+        if self.tau_abandon >= self.tau_confirm:
+            raise ConfigError(f"tau_abandon = {self.tau_abandon}: must be < tau_confirm = "
+                              f"{self.tau_confirm}")
+
+
+@dataclasses.dataclass(frozen=True)
+class PilotCommitConfig:
+    """Pilot-Commit."""
+    pilot_pool_ratio: int = option(3, ge=1)
+    pilot_fraction: float = option(0.25, gt=0, lt=1, doc="n_p = round(pilot_fraction * N)")
+    p_low: float = option(0.125, ge=0, le=1)
+    p_high: float = option(0.25, ge=0, le=1)
+    buffer_max_age: int = option(4, ge=0)
+    max_rounds: int = option(10, ge=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class SelectionConfig:
+    """Predictive prompt selection (MoPPS / DPS)."""
+    method: Literal["none", "mopps", "dps"] = option("none")
+    pool_ratio: int = option(8, ge=1, doc="candidate pool = pool_ratio * B")
+    mopps_lambda: float = option(0.5, ge=0, le=1)
+    mopps_alpha0: float = option(1.0, gt=0)
+    mopps_beta0: float = option(1.0, gt=0)
+    dps_lambda: float = option(0.7, ge=0, le=1)
+    dps_alpha0: float = option(1.0, gt=0)
+
+
+@dataclasses.dataclass(frozen=True)
+class AllocationConfig:
+    """Which prompts get rollouts, and how many."""
+    method: Literal["uniform", "ds", "sara", "pilot_commit"] = option("uniform")
+    num_prompts: int = option(8, ge=1, doc="B: groups trained per step")
+    group_size: int = option(8, ge=2, doc="N: rollouts per group")
+    budget: int | None = option(None, ge=1, doc="rollout budget per step; None: B * N (SARA)")
+    ds: DSConfig = section(DSConfig)
+    sara: SaraConfig = section(SaraConfig)
+    pilot_commit: PilotCommitConfig = section(PilotCommitConfig)
+    selection: SelectionConfig = section(SelectionConfig)
+
+
+@dataclasses.dataclass(frozen=True)
+class PrefixSamplingConfig:
+    """Prefix Sampling: bidirectional pass-rate steering by prefix replay."""
+    enabled: bool = option(False)
+    mode: Literal["adaptive", "fixed", "hard_only"] = option("adaptive")
+    target: float = option(0.5, gt=0, lt=1)
+    deadzone: float = option(0.03, ge=0, lt=0.5)
+    step: float = option(0.05, gt=0, le=1)
+    ema_decay: float = option(0.9, ge=0, lt=1)
+    ratio_init: float = option(0.25, gt=0, lt=1)
+    ratio_min: float = option(0.05, gt=0, lt=1)
+    ratio_max: float = option(0.95, gt=0, lt=1)
+
+    def validate(self) -> None:
+        if not self.ratio_min <= self.ratio_init <= self.ratio_max:
+            raise ConfigError(f"ratio_init = {self.ratio_init}: must lie in [ratio_min, ratio_max]"
+                              f" = [{self.ratio_min}, {self.ratio_max}]")

@@ -1,0 +1,50 @@
+"""The ``passrate-jax`` command line: one subcommand per job.
+
+Each subcommand module exposes ``add_subparser(subparsers)`` and ``run(args) -> int``; this file only
+wires them. Config errors are reported as one line naming the key and value, before any compute.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from passrate_jax.configlib import ConfigError
+
+
+def add_config_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--config FILE`` and trailing ``key.sub=value`` overrides, shared by every subcommand that takes a config."""
+    parser.add_argument("--config", default=None, help="YAML preset (default: built-in defaults)")
+    parser.add_argument("overrides", nargs="*", metavar="key.sub=value", help="dotted config overrides")
+
+
+def _info_subparser(subparsers) -> None:
+    p = subparsers.add_parser("info", help="print the resolved config, devices, mesh and parameter count")
+    add_config_arguments(p)
+    p.set_defaults(func=_run_info)
+
+
+def _run_info(args) -> int:
+    from passrate_jax import info
+    return info.run(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="passrate-jax", description=__doc__.splitlines()[0])
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _info_subparser(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except ConfigError as e:
+        print(f"passrate-jax {args.command}: config error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

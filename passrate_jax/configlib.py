@@ -1,0 +1,231 @@
+"""Typed, frozen config dataclasses: declaration helpers, YAML loading, dotted overrides, validation.
+
+Every config section is a frozen dataclass whose fields are declared with :func:`option`, which
+records the allowed range or choices in the field metadata. :func:`build` turns a nested dict (from
+YAML and ``key.sub=value`` overrides) into the dataclass tree and validates every field *before any
+compute*, raising :class:`ConfigError` with the dotted key, the bad value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from typing import Any, Literal
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A config key, type or value is invalid. The message names the dotted key and the value."""
+
+
+def option(default: Any = dataclasses.MISSING, *, ge=None, gt=None, le=None, lt=None,
+           choices=None, doc: str = "", default_factory: Any = dataclasses.MISSING):
+    """Declare a config field with its documentation and allowed range or choices."""
+    meta = {"ge": ge, "gt": gt, "le": le, "lt": lt, "choices": choices, "doc": doc}
+    if default_factory is not dataclasses.MISSING:
+        return dataclasses.field(default_factory=default_factory, metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def section(default_cls):
+    """A nested config section field defaulting to ``default_cls()``."""
+    return dataclasses.field(default_factory=default_cls, metadata={"doc": default_cls.__doc__ or ""})
+
+
+def _type_name(tp) -> str:
+    if typing.get_origin(tp) is Literal:
+        return "one of " + "|".join(str(a) for a in typing.get_args(tp))
+    if typing.get_origin(tp) is not None:
+        return str(tp).replace("typing.", "")
+    return getattr(tp, "__name__", None) or str(tp)
+
+
+def _coerce(key: str, value: Any, tp) -> Any:
+    """Check ``value`` against the annotation ``tp``; return it converted (lists -> tuples, int -> float)."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(key, value, arg)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(f"{key} = {value!r}: expected {_type_name(tp)}")
+    if origin is Literal:
+        if value not in args:
+            near = difflib.get_close_matches(str(value), [str(a) for a in args], n=1)
+            hint = f" (did you mean {near[0]!r}?)" if near else ""
+            raise ConfigError(f"{key} = {value!r}: must be one of {list(args)}{hint}")
+        return value
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key} = {value!r}: expected a list")
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_coerce(f"{key}[{i}]", v, args[0]) for i, v in enumerate(value))
+        if len(args) != len(value):
+            raise ConfigError(f"{key} = {value!r}: expected a list of {len(args)} items")
+        return tuple(_coerce(f"{key}[{i}]", v, a) for i, (v, a) in enumerate(zip(value, args)))
+    if dataclasses.is_dataclass(tp):
+        if isinstance(value, tp):
+            return value
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key} = {value!r}: expected a mapping of {tp.__name__} fields")
+        return build(tp, value, prefix=key + ".")
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key} = {value!r}: expected true or false")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{key} = {value!r}: expected an integer")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{key} = {value!r}: expected a number")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{key} = {value!r}: expected a string")
+        return value
+    if tp is Any:
+        return value
+    raise TypeError(f"unsupported config annotation {tp!r} for {key}")
+
+
+def _check_range(key: str, value: Any, meta: dict) -> None:
+    if value is None:
+        return
+    values = value if isinstance(value, tuple) else (value,)
+    for v in values:
+        if not isinstance(v, (int, float)) or isinstance(v, bool):
+            continue
+        if meta.get("ge") is not None and not v >= meta["ge"]:
+            raise ConfigError(f"{key} = {value!r}: must be >= {meta['ge']}")
+        if meta.get("gt") is not None and not v > meta["gt"]:
+            raise ConfigError(f"{key} = {value!r}: must be > {meta['gt']}")
+        if meta.get("le") is not None and not v <= meta["le"]:
+            raise ConfigError(f"{key} = {value!r}: must be <= {meta['le']}")
+        if meta.get("lt") is not None and not v < meta["lt"]:
+            raise ConfigError(f"{key} = {value!r}: must be < {meta['lt']}")
+    choices = meta.get("choices")
+    if choices is not None and value not in choices:
+        near = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
+        hint = f" (did you mean {near[0]!r}?)" if near else ""
+        raise ConfigError(f"{key} = {value!r}: must be one of {list(choices)}{hint}")
+
+
+def build(cls, data: dict | None, prefix: str = ""):
+    """Build dataclass ``cls`` from a nested dict, validating keys, types and ranges.
+
+    Unknown keys fail with a "did you mean" suggestion. After the fields are set, the
+    dataclass's own ``validate()`` (if any) checks cross-field constraints.
+    """
+    data = dict(data or {})
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    for k in data:
+        if k not in fields:
+            near = difflib.get_close_matches(k, list(fields), n=1, cutoff=0.6)
+            hint = f" (did you mean {prefix}{near[0]}?)" if near else ""
+            raise ConfigError(f"unknown config key {prefix}{k}{hint}; {prefix.rstrip('.') or 'the top level'}"
+                              f" has: {', '.join(sorted(fields))}")
+    kwargs = {}
+    for name, f in fields.items():
+        key = prefix + name
+        if name in data:
+            value = _coerce(key, data[name], hints[name])
+        elif f.default is not dataclasses.MISSING:
+            value = f.default
+        elif f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+            value = f.default_factory()  # type: ignore[misc]
+        else:
+            raise ConfigError(f"missing required config key {key}")
+        _check_range(key, value, f.metadata)
+        kwargs[name] = value
+    obj = cls(**kwargs)
+    validate = getattr(obj, "validate", None)
+    if validate is not None:
+        try:
+            validate()
+        except ConfigError as e:
+            raise ConfigError(f"{prefix}{e}") from None
+    return obj
+
+
+def validate_tree(obj, prefix: str = "") -> None:
+    """Re-run range checks and ``validate()`` on an already built tree (e.g. after ``replace``)."""
+    build(type(obj), to_dict(obj), prefix)
+
+
+def to_dict(obj) -> Any:
+    """Config tree -> plain nested dict (tuples become lists), suitable for YAML."""
+    if dataclasses.is_dataclass(obj):
+        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, tuple):
+        return [to_dict(v) for v in obj]
+    return obj
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``"a.b.c=value"`` -> (["a", "b", "c"], value parsed as YAML)."""
+    if "=" not in text:
+        raise ConfigError(f"override {text!r}: expected key.sub=value")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    if not key or any(not part for part in key.split(".")):
+        raise ConfigError(f"override {text!r}: empty key")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as e:
+        raise ConfigError(f"override {key}: cannot parse value {raw!r}: {e}") from None
+    return key.split("."), value
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    """Apply dotted overrides to a nested dict (in a copy)."""
+    import copy
+    data = copy.deepcopy(data or {})
+    for text in overrides:
+        path, value = parse_override(text)
+        node = data
+        for part in path[:-1]:
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                raise ConfigError(f"override {text!r}: {part} is not a section")
+            node = child
+        node[path[-1]] = value
+    return data
+
+
+def describe(cls, prefix: str = "") -> list[str]:
+    """Lines documenting every option of ``cls``: dotted key, type, default, allowed, doc."""
+    lines = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        key = prefix + f.name
+        tp = hints[f.name]
+        if dataclasses.is_dataclass(tp):
+            lines.extend(describe(tp, key + "."))
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else (
+            f.default_factory() if f.default_factory is not dataclasses.MISSING else "required")  # type: ignore[misc]
+        allowed = []
+        for name, sym in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")):
+            if f.metadata.get(name) is not None:
+                allowed.append(f"{sym}{f.metadata[name]}")
+        if f.metadata.get("choices"):
+            allowed.append(f"one of {list(f.metadata['choices'])}")
+        doc = f.metadata.get("doc", "")
+        lines.append(f"{key}: {_type_name(tp)} = {default!r}" + (f" [{', '.join(allowed)}]" if allowed else "")
+                     + (f"  # {doc}" if doc else ""))
+    return lines

@@ -1,0 +1,38 @@
+"""``passrate-jax info``: the resolved config, the devices, the mesh and the model's parameter count."""
+
+from __future__ import annotations
+
+from passrate_jax.config import dump_config, load_config
+
+
+def parameter_count(model_cfg) -> int:
+    """Number of parameters of the model ``model_cfg`` describes, computed from abstract shapes (no allocation)."""
+    import jax
+    from flax import nnx
+
+    from passrate_jax.model import Transformer
+
+    abstract = nnx.eval_shape(lambda: Transformer(model_cfg, rngs=nnx.Rngs(0)))
+    state = nnx.state(abstract, nnx.Param)
+    return sum(int(x.size) for x in jax.tree.leaves(state))
+
+
+def run(args) -> int:
+    cfg = load_config(args.config, args.overrides)  # fails here, before jax starts, on a bad config
+    import jax
+
+    from passrate_jax.sharding import make_mesh
+
+    model_cfg = cfg.model
+    if model_cfg.pretrained is not None:
+        from passrate_jax.model import read_hf_config
+        model_cfg = read_hf_config(model_cfg.pretrained, base=model_cfg)
+    mesh = make_mesh(cfg.mesh)
+    print("# resolved config")
+    print(dump_config(cfg), end="")
+    print("# devices")
+    for d in jax.devices():
+        print(f"  {d.id}: {d.platform} {d.device_kind}")
+    print(f"# mesh\n  {dict(mesh.shape)}")
+    print(f"# model\n  parameters: {parameter_count(model_cfg):,}")
+    return 0

@@ -1,0 +1,55 @@
+"""Static model settings: one frozen dataclass covering Llama 3, Qwen2 and Qwen3 shapes."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+from passrate_jax.configlib import ConfigError, option
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeScaling:
+    """Llama 3 RoPE frequency scaling ("llama3" rope_type). ``factor == 1`` with type "none" disables it."""
+    rope_type: Literal["none", "llama3", "linear"] = option("none", doc="RoPE scaling kind")
+    factor: float = option(1.0, gt=0, doc="frequency scaling factor")
+    low_freq_factor: float = option(1.0, gt=0)
+    high_freq_factor: float = option(4.0, gt=0)
+    original_max_position_embeddings: int = option(8192, ge=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Decoder-only transformer shape. ``pretrained`` names a Hugging Face checkpoint directory;
+    when set, the shape comes from its config.json and the fields here (but the dtypes) are ignored."""
+    pretrained: str | None = option(None, doc="Hugging Face checkpoint directory (config.json, *.safetensors)")
+    vocab_size: int = option(128, ge=2)
+    hidden_size: int = option(128, ge=1)
+    intermediate_size: int = option(384, ge=1)
+    num_layers: int = option(4, ge=1)
+    num_heads: int = option(4, ge=1)
+    num_kv_heads: int = option(2, ge=1)
+    head_dim: int | None = option(None, ge=1, doc="None: hidden_size // num_heads")
+    rope_theta: float = option(10000.0, gt=0)
+    rope_scaling: RopeScaling = dataclasses.field(default_factory=RopeScaling)
+    rms_norm_eps: float = option(1e-6, gt=0)
+    max_position_embeddings: int = option(2048, ge=1)
+    tie_embeddings: bool = option(True, doc="share the input embedding with the output projection")
+    attention_bias: bool = option(False, doc="q/k/v projection biases (Qwen2)")
+    qk_norm: bool = option(False, doc="per-head RMSNorm on q and k (Qwen3)")
+    dtype: Literal["float32", "bfloat16"] = option("float32", doc="compute dtype")
+    param_dtype: Literal["float32", "bfloat16"] = option("float32", doc="parameter storage dtype")
+
+    @property
+    def resolved_head_dim(self) -> int:
+        return self.head_dim if self.head_dim is not None else self.hidden_size // self.num_heads
+
+    def validate(self) -> None:
+        if self.num_heads % self.num_kv_heads:
+            raise ConfigError(f"num_kv_heads = {self.num_kv_heads}: must divide num_heads = "
+                              f"{self.num_heads}")
+        if self.head_dim is None and self.hidden_size % self.num_heads:
+            raise ConfigError(f"hidden_size = {self.hidden_size}: must be divisible by num_heads = "
+                              f"{self.num_heads} when head_dim is not set")
+        if self.resolved_head_dim % 2:
+            raise ConfigError(f"head_dim = {self.resolved_head_dim}: must be even for RoPE")

@@ -1,0 +1,25 @@
+"""Static sampler settings."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from passrate_jax.configlib import ConfigError, option
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingConfig:
+    """Rollout sampling controls and the padding buckets that bound the number of compiled programs."""
+    temperature: float = option(1.0, ge=0, doc="0 means greedy")
+    top_k: int = option(0, ge=0, doc="0 disables top-k")
+    top_p: float = option(1.0, gt=0, le=1, doc="1 disables nucleus sampling")
+    max_new_tokens: int = option(64, ge=1)
+    stop_token_ids: tuple[int, ...] = option((), doc="extra stop ids besides the tokenizer's EOS")
+    row_buckets: tuple[int, ...] = option((64, 128, 256), ge=1, doc="batch-row padding buckets")
+    context_buckets: tuple[int, ...] = option((32, 64, 128, 256), ge=1, doc="context-length padding buckets")
+
+    def validate(self) -> None:
+        for name in ("row_buckets", "context_buckets"):
+            value = getattr(self, name)
+            if not value or list(value) != sorted(set(value)):
+                raise ConfigError(f"{name} = {list(value)}: must be a non-empty increasing list")
