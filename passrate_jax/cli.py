@@ -33,6 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="passrate-jax", description=__doc__.splitlines()[0])
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _info_subparser(subparsers)
+    from passrate_jax import plot
+    plot.add_subparser(subparsers)
     return parser
 
 

@@ -1,0 +1,118 @@
+"""``passrate-jax plot --run-dir DIR``: PNG figures of a run's ``metrics.jsonl``.
+
+Reads only the metrics file, so it works on a finished run, a running one, or a copy of the file.
+Figures: accuracy (training and held-out) against rollouts spent, valid-group fraction and rollouts
+per step, Prefix Sampling ratios and EMAs per bucket, and the pass-rate histogram of trained groups.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from passrate_jax.metrics import read_jsonl
+
+
+def _series(records, key):
+    xs, ys = [], []
+    for r in records:
+        value = r.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            xs.append(r.get("rollouts_total", r["step"]))
+            ys.append(value)
+    return np.asarray(xs), np.asarray(ys)
+
+
+def _by_step(records, key):
+    steps = [r["step"] for r in records if isinstance(r.get(key), (int, float))]
+    return np.asarray(steps), np.asarray([r[key] for r in records if isinstance(r.get(key), (int, float))])
+
+
+def plot_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = None) -> list[str]:
+    """Write the run's figures as PNGs (default: ``run_dir/plots``); returns their paths."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path = os.path.join(os.fspath(run_dir), "metrics.jsonl")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path} does not exist: is {run_dir!r} a run directory?")
+    records = read_jsonl(path)
+    if not records:
+        raise ValueError(f"{path} holds no records yet")
+    out_dir = os.fspath(out_dir or os.path.join(os.fspath(run_dir), "plots"))
+    os.makedirs(out_dir, exist_ok=True)
+    written = []
+
+    def save(fig, name):
+        fig.tight_layout()
+        target = os.path.join(out_dir, name)
+        fig.savefig(target, dpi=110)
+        plt.close(fig)
+        written.append(target)
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for key, label in (("train_accuracy", "training (rollout reward)"), ("eval_accuracy", "held-out")):
+        x, y = _series(records, key)
+        if len(x):
+            ax.plot(x, y, marker="o" if key == "eval_accuracy" else None, label=label)
+    ax.set_xlabel("rollouts spent")
+    ax.set_ylabel("accuracy")
+    ax.set_ylim(0, 1)
+    ax.legend()
+    ax.set_title("accuracy against rollouts spent")
+    save(fig, "accuracy_vs_rollouts.png")
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    x, y = _by_step(records, "valid_group_fraction")
+    ax1.plot(x, y)
+    ax1.set_ylim(0, 1.05)
+    ax1.set_xlabel("step")
+    ax1.set_title("valid-group fraction")
+    x, y = _by_step(records, "rollouts_step")
+    ax2.plot(x, y)
+    ax2.set_xlabel("step")
+    ax2.set_title("rollouts per step")
+    save(fig, "groups_and_rollouts.png")
+
+    buckets = sorted({k.split("/")[-1] for r in records for k in r if k.startswith("ps/ratio/")}, key=int)
+    if buckets:
+        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+        for b in buckets:
+            x, y = _by_step(records, f"ps/ratio/{b}")
+            ax1.plot(x, y, label=f"s={b}")
+            x, y = _by_step(records, f"ps/ema/{b}")
+            ax2.plot(x, y, label=f"s={b}")
+        ax1.set_title("prefix ratio per bucket")
+        ax2.axhline(0.5, color="gray", linestyle="--", linewidth=1)
+        ax2.set_title("re-rollout pass-rate EMA per bucket")
+        for ax in (ax1, ax2):
+            ax.set_xlabel("step")
+            ax.set_ylim(0, 1)
+            ax.legend()
+        save(fig, "prefix_sampling.png")
+
+    hists = [r["pass_rate_hist"] for r in records if isinstance(r.get("pass_rate_hist"), list)]
+    if hists:
+        total = np.sum(np.asarray(hists, dtype=float), axis=0)
+        fig, ax = plt.subplots(figsize=(6, 4))
+        ax.bar(np.arange(len(total)), total / max(total.sum(), 1))
+        ax.set_xlabel("successes in the group")
+        ax.set_ylabel("fraction of trained groups")
+        ax.set_title("pass-rate histogram of trained groups")
+        save(fig, "pass_rate_histogram.png")
+    return written
+
+
+def add_subparser(subparsers) -> None:
+    p = subparsers.add_parser("plot", help="write PNG figures of a run's metrics")
+    p.add_argument("--run-dir", required=True)
+    p.add_argument("--out-dir", default=None, help="default: RUN_DIR/plots")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    for path in plot_run(args.run_dir, args.out_dir):
+        print(path)
+    return 0
