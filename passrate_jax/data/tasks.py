@@ -1,0 +1,366 @@
+"""Built-in procedural tasks with step-by-step reference solutions: column arithmetic and countdown.
+
+    task = TASKS["arithmetic"]
+    problem = task.sample(seed=0, split="train", index=17)          # deterministic
+    text = problem.prompt + reference_solution(problem)              # supervised warm-start target
+    reward = task.verify(problem, sampled_response)                  # 1.0 or 0.0
+
+Responses are written one step per line and end with a line ``=> N``, so a prefix cut at a line break
+is a partial solution or a partial mistake: the material Prefix Sampling replays (DESIGN 2.4). The
+prompt is the raw model input and ends with a newline; the response is what follows it.
+
+arithmetic, column addition from the rightmost column; each line is one column's digits, then the
+incoming carry as a last ``+c`` term when non-zero, then the column total. The answer is the last
+line's total followed by the earlier totals' last digits, bottom to top::
+
+    457+168        7+8=15
+                   5+6+1=12
+                   4+1+1=6
+                   => 625
+
+column subtraction (top >= bottom): a column that must borrow writes its top digit plus ten (``12``),
+the incoming borrow is a last ``-1`` term, and the answer is the lines' results bottom to top::
+
+    402-158        12-8=4
+                   10-5-1=4
+                   4-1-1=2
+                   => 244
+
+countdown, numbers sorted in the prompt; each operation uses two available values (a given number, at
+most once each, or an earlier unconsumed result) and the last result is the target::
+
+    2 3 7 9 -> 23  7*3=21
+                   21+2=23
+                   => 23
+
+Splits: a problem is held out iff a hash of its canonical form (the prompt, with addition operands
+sorted so ``a+b`` and ``b+a`` fall together) lands in the held-out fraction; sampling rejects draws of
+the other split, so train and held-out can never share a problem.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import random
+from collections.abc import Callable
+
+from passrate_jax.data.verifiers import column_count, verify_arithmetic, verify_countdown
+
+SPLITS = ("train", "heldout")
+_ID_MASK = (1 << 63) - 1
+# Bounds the rejection loop of sample(): a level too narrow to hold a problem of the asked split
+# fails loudly instead of spinning forever.
+_MAX_DRAWS = 20_000
+
+
+def _hash_int(text: str) -> int:
+    """A stable 63-bit hash (unlike hash(), the same in every process and Python version)."""
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big") & _ID_MASK
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """One prompt of a built-in task.
+
+    ``numbers`` are the operands in prompt order (arithmetic) or the given numbers, sorted (countdown);
+    ``target`` is the exact value of the answer; ``carries`` counts columns with a carry (borrow for
+    subtraction) out, 0 for countdown; ``solution`` is countdown's generating operations
+    ``(a, op, b, result)``, empty for arithmetic.
+    """
+    task: str
+    prompt_id: int
+    prompt: str
+    answer: str
+    level: int
+    numbers: tuple[int, ...]
+    target: int
+    op: str = ""
+    carries: int = 0
+    solution: tuple[tuple[int, str, int, int], ...] = ()
+
+    @property
+    def metadata(self) -> dict:
+        """What a prompt source carries beside (id, prompt, answer)."""
+        return {"task": self.task, "level": self.level, "op": self.op, "carries": self.carries,
+                "operations": len(self.solution)}
+
+
+def _problem(task: str, prompt: str, **fields) -> Problem:
+    return Problem(task=task, prompt_id=_hash_int(f"{task}|{prompt}"), prompt=prompt, **fields)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Arithmetic
+# ----------------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class ArithmeticLevel:
+    """Every operand has exactly ``digits`` digits (0..9 when ``digits`` is 1); the number of columns
+    with a carry/borrow out lies in [min_carries, max_carries]. Subtraction has two operands, top >= bottom."""
+    digits: int
+    operands: int = 2
+    op: str = "+"
+    min_carries: int = 0
+    max_carries: int | None = None
+
+    def __post_init__(self):
+        if not 1 <= self.digits <= 12:
+            raise ValueError(f"digits = {self.digits}: must be in [1, 12]")
+        # Up to 9 operands keeps every carry a single digit, which the length bound assumes.
+        if not 2 <= self.operands <= 9:
+            raise ValueError(f"operands = {self.operands}: must be in [2, 9]")
+        if self.op not in "+-" or len(self.op) != 1:
+            raise ValueError(f"op = {self.op!r}: must be '+' or '-'")
+        if self.op == "-" and self.operands != 2:
+            raise ValueError(f"operands = {self.operands}: subtraction takes exactly 2")
+        hi = self.digits if self.max_carries is None else self.max_carries
+        if not 0 <= self.min_carries <= hi <= self.digits:
+            raise ValueError(f"carries in [{self.min_carries}, {self.max_carries}]: must lie within [0, digits]")
+
+
+ARITHMETIC_LEVELS = (
+    ArithmeticLevel(1),
+    ArithmeticLevel(2, max_carries=0),
+    ArithmeticLevel(2, min_carries=1),
+    ArithmeticLevel(2, op="-"),
+    ArithmeticLevel(3, min_carries=1),
+    ArithmeticLevel(3, op="-", min_carries=1),
+    ArithmeticLevel(3, operands=3),
+    ArithmeticLevel(4, min_carries=2),
+    ArithmeticLevel(4, op="-", min_carries=2),
+    ArithmeticLevel(5, min_carries=3),
+)
+
+
+def _addition_steps(numbers: tuple[int, ...]) -> tuple[list[str], int]:
+    """Column lines of a column addition and the number of columns that carry."""
+    texts = [str(n) for n in numbers]
+    lines, carry, carries = [], 0, 0
+    for col in range(column_count(numbers)):
+        terms = [int(t[-1 - col]) for t in texts if col < len(t)] + ([carry] if carry else [])
+        total = sum(terms)
+        lines.append("+".join(map(str, terms)) + f"={total}")
+        carry = total // 10
+        carries += carry > 0
+    return lines, carries
+
+
+def _subtraction_steps(top: int, bottom: int) -> tuple[list[str], int]:
+    """Column lines of a column subtraction (top >= bottom) and the number of columns that borrow."""
+    t_text, b_text = str(top), str(bottom)
+    lines, borrow, borrows = [], 0, 0
+    for col in range(len(t_text)):
+        digit = int(t_text[-1 - col])
+        below = [int(b_text[-1 - col])] if col < len(b_text) else []
+        taken = sum(below) + borrow
+        lifted = digit + 10 if digit < taken else digit
+        terms = [lifted] + below + ([borrow] if borrow else [])
+        lines.append("-".join(map(str, terms)) + f"={lifted - taken}")
+        borrow = int(lifted != digit)
+        borrows += borrow
+    return lines, borrows
+
+
+def _arithmetic_steps(problem: Problem) -> tuple[list[str], int]:
+    if problem.op == "-":
+        return _subtraction_steps(*problem.numbers)
+    return _addition_steps(problem.numbers)
+
+
+def _draw_arithmetic(rng: random.Random, spec: ArithmeticLevel, level: int) -> Problem | None:
+    lo = 0 if spec.digits == 1 else 10 ** (spec.digits - 1)
+    numbers = tuple(rng.randrange(lo, 10 ** spec.digits) for _ in range(spec.operands))
+    if spec.op == "-":
+        numbers = tuple(sorted(numbers, reverse=True))
+        target = numbers[0] - numbers[1]
+        _, carries = _subtraction_steps(*numbers)
+    else:
+        target = sum(numbers)
+        _, carries = _addition_steps(numbers)
+    hi = spec.digits if spec.max_carries is None else spec.max_carries
+    if not spec.min_carries <= carries <= hi:
+        return None
+    prompt = spec.op.join(map(str, numbers)) + "\n"
+    return _problem("arithmetic", prompt, answer=str(target), level=level, numbers=numbers, target=target,
+                    op=spec.op, carries=carries)
+
+
+def _arithmetic_split_key(problem: Problem) -> str:
+    numbers = sorted(problem.numbers) if problem.op == "+" else problem.numbers
+    return problem.op.join(map(str, numbers))
+
+
+def _arithmetic_solution(problem: Problem) -> str:
+    lines, _ = _arithmetic_steps(problem)
+    return "\n".join(lines + [f"=> {problem.answer}"])
+
+
+def _arithmetic_length(spec: ArithmeticLevel) -> tuple[int, int]:
+    prompt = spec.operands * spec.digits + spec.operands
+    # A column line: operands + 1 one-digit terms (the carry is < 10 with <= 9 operands; a borrowing
+    # top digit "1d" takes the carry's place in subtraction), their signs, "=", a <= 2-digit total, "\n".
+    line = 2 * spec.operands + 5
+    return prompt, spec.digits * line + len("=> ") + spec.digits + 1
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Countdown
+# ----------------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class CountdownLevel:
+    """``numbers`` given numbers in [1, max_number]; the generating solution combines ``operations + 1``
+    of them (the rest are distractors) with ``operations`` operations into a target in [1, max_target]
+    that is not itself a given number; every intermediate result is in [1, max_value] and differs
+    from its operands (no ``x*1``)."""
+    numbers: int
+    operations: int
+    max_number: int = 10
+    max_target: int = 100
+    max_value: int = 999
+
+    def __post_init__(self):
+        if not 2 <= self.numbers <= 6:
+            raise ValueError(f"numbers = {self.numbers}: must be in [2, 6]")
+        if not 1 <= self.operations < self.numbers:
+            raise ValueError(f"operations = {self.operations}: must be in [1, numbers - 1]")
+        if not 2 <= self.max_number <= self.max_value or not 2 <= self.max_target <= self.max_value:
+            raise ValueError(f"max_number = {self.max_number}, max_target = {self.max_target}: "
+                             f"must be in [2, max_value = {self.max_value}]")
+
+
+COUNTDOWN_LEVELS = (
+    CountdownLevel(3, 1),
+    CountdownLevel(3, 2),
+    CountdownLevel(4, 2, max_number=12),
+    CountdownLevel(4, 3, max_number=12),
+)
+
+
+def _draw_countdown(rng: random.Random, spec: CountdownLevel, level: int) -> Problem | None:
+    given = [rng.randint(1, spec.max_number) for _ in range(spec.numbers)]
+    pool = given[: spec.operations + 1]  # given is random, so its head is a random subset
+    solution = []
+    for _ in range(spec.operations):
+        i, j = rng.sample(range(len(pool)), 2)
+        a, b = pool[i], pool[j]
+        op = rng.choice("+-*")
+        if op == "-" and a < b:
+            a, b = b, a
+        c = a + b if op == "+" else a - b if op == "-" else a * b
+        if not 1 <= c <= spec.max_value or c in (a, b):
+            return None
+        pool = [x for k, x in enumerate(pool) if k not in (i, j)] + [c]
+        solution.append((a, op, b, c))
+    target = pool[0]
+    if target > spec.max_target or target in given:
+        return None
+    numbers = tuple(sorted(given))
+    prompt = " ".join(map(str, numbers)) + f" -> {target}\n"
+    return _problem("countdown", prompt, answer=str(target), level=level, numbers=numbers, target=target,
+                    solution=tuple(solution))
+
+
+def _countdown_solution(problem: Problem) -> str:
+    lines = [f"{a}{op}{b}={c}" for a, op, b, c in problem.solution]
+    return "\n".join(lines + [f"=> {problem.answer}"])
+
+
+def _countdown_length(spec: CountdownLevel) -> tuple[int, int]:
+    number, target, value = (len(str(x)) for x in (spec.max_number, spec.max_target, spec.max_value))
+    prompt = spec.numbers * (number + 1) + len("-> ") + target + 1
+    return prompt, spec.operations * (3 * value + 3) + len("=> ") + target
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The task record and registry
+# ----------------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """A procedural task: per-level settings plus the functions that draw, solve, verify and bound it.
+
+    Levels are numbered from 1 (easiest) to ``len(levels)``.
+    """
+    name: str
+    levels: tuple
+    draw: Callable[[random.Random, object, int], Problem | None]
+    split_key: Callable[[Problem], str]
+    reference_solution: Callable[[Problem], str]
+    verify: Callable[[Problem, str], float]
+    length_bound: Callable[[object], tuple[int, int]]
+    heldout_fraction: float = 0.1
+
+    def __post_init__(self):
+        if not 0.0 < self.heldout_fraction < 1.0:
+            raise ValueError(f"heldout_fraction = {self.heldout_fraction}: must be in (0, 1)")
+
+    @property
+    def difficulty_levels(self) -> tuple[int, ...]:
+        return tuple(range(1, len(self.levels) + 1))
+
+    def level_spec(self, level: int):
+        """The settings of ``level`` (1-based)."""
+        if level not in self.difficulty_levels:
+            raise ValueError(f"level = {level}: {self.name} has levels {self.difficulty_levels}")
+        return self.levels[level - 1]
+
+    def prompt_text(self, problem: Problem) -> str:
+        return problem.prompt
+
+    def split_of(self, problem: Problem) -> str:
+        """"heldout" or "train", from the canonical problem alone (never from how it was sampled)."""
+        bucket = _hash_int(f"split|{self.name}|{self.split_key(problem)}") / (_ID_MASK + 1)
+        return "heldout" if bucket < self.heldout_fraction else "train"
+
+    def max_chars(self, level: int) -> tuple[int, int]:
+        """Upper bounds (prompt characters, reference-solution characters) at ``level``, for sizing
+        the sampler's context and generation length."""
+        return self.length_bound(self.level_spec(level))
+
+    def sample(self, seed: int, split: str, index: int, level: int | None = None) -> Problem:
+        """The problem at ``index`` of ``split`` ("train" or "heldout"), a pure function of the arguments.
+
+        With ``level`` None the level is drawn uniformly from ``difficulty_levels`` per index.
+        """
+        if split not in SPLITS:
+            raise ValueError(f"split = {split!r}: must be one of {SPLITS}")
+        rng = random.Random(_hash_int(f"{self.name}|{seed}|{split}|{index}"))
+        if level is None:
+            level = rng.choice(self.difficulty_levels)
+        spec = self.level_spec(level)
+        for _ in range(_MAX_DRAWS):
+            problem = self.draw(rng, spec, level)
+            if problem is not None and self.split_of(problem) == split:
+                return problem
+        raise RuntimeError(f"{self.name} level {level} ({spec}) gave no {split} problem in {_MAX_DRAWS} "
+                           "draws: the level is too narrow")
+
+
+def arithmetic_task(levels: tuple[ArithmeticLevel, ...] = ARITHMETIC_LEVELS, heldout_fraction: float = 0.1) -> Task:
+    """Column addition/subtraction written column by column with carries (see the module docstring)."""
+    return Task("arithmetic", tuple(levels), _draw_arithmetic, _arithmetic_split_key, _arithmetic_solution,
+                verify_arithmetic, _arithmetic_length, heldout_fraction)
+
+
+def countdown_task(levels: tuple[CountdownLevel, ...] = COUNTDOWN_LEVELS, heldout_fraction: float = 0.1) -> Task:
+    """Reach a target from given numbers with + - *, one operation per line (see the module docstring)."""
+    return Task("countdown", tuple(levels), _draw_countdown, lambda p: p.prompt, _countdown_solution,
+                verify_countdown, _countdown_length, heldout_fraction)
+
+
+TASKS: dict[str, Task] = {"arithmetic": arithmetic_task(), "countdown": countdown_task()}
+
+
+def reference_solution(problem: Problem) -> str:
+    """The step-by-step target response of a built-in problem (no trailing newline; eos follows)."""
+    return TASKS[problem.task].reference_solution(problem)
+
+
+def verify(problem: Problem, response: str) -> float:
+    """Reward 1.0 or 0.0 of ``response`` to a built-in problem; never raises on bad model output."""
+    return TASKS[problem.task].verify(problem, response)
