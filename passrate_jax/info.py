@@ -25,8 +25,12 @@ def run(args) -> int:
 
     model_cfg = cfg.model
     if model_cfg.pretrained is not None:
-        from passrate_jax.model import read_hf_config
-        model_cfg = read_hf_config(model_cfg.pretrained, base=model_cfg)
+        import json
+        import os
+
+        from passrate_jax.model import config_from_hf
+        with open(os.path.join(model_cfg.pretrained, "config.json")) as f:
+            model_cfg = config_from_hf(json.load(f))
     mesh = make_mesh(cfg.mesh)
     print("# resolved config")
     print(dump_config(cfg), end="")

@@ -1,0 +1,9 @@
+"""Decoder-only transformer (Llama 3 / Qwen2 / Qwen3) in Flax NNX and Hugging Face checkpoint I/O."""
+
+from passrate_jax.model.config import ModelConfig, RopeScaling
+from passrate_jax.model.hf_io import (CheckpointFormatError, config_from_hf, config_to_hf,
+                                      load_pretrained, save_pretrained)
+from passrate_jax.model.transformer import KVCache, Transformer, create_model, init_cache
+
+__all__ = ["ModelConfig", "RopeScaling", "Transformer", "KVCache", "init_cache", "create_model", "load_pretrained",
+           "save_pretrained", "config_from_hf", "config_to_hf", "CheckpointFormatError"]

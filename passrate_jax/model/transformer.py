@@ -1,0 +1,313 @@
+"""Decoder-only transformer (Llama 3 / Qwen2 / Qwen3 family) in Flax NNX, with a static-shape KV cache.
+
+Layout of the weights (``d`` model width, ``h`` query heads, ``k`` kv heads, ``e`` head_dim, ``f`` mlp):
+
+    embed            [V, d]   ("vocab", "embed")
+    layers[i].attn.q [d, h, e] ("embed", "heads", "head_dim")      (+ bias [h, e] when attention_bias)
+    layers[i].attn.k [d, k, e] ("embed", "kv_heads", "head_dim")   (+ bias [k, e])
+    layers[i].attn.v [d, k, e] ("embed", "kv_heads", "head_dim")   (+ bias [k, e])
+    layers[i].attn.o [h, e, d] ("heads", "head_dim", "embed")
+    layers[i].mlp.gate/up [d, f] ("embed", "mlp"), down [f, d] ("mlp", "embed")
+    norms            [d] or [e] ("norm",)
+    lm_head          [d, V]   ("embed", "vocab")  (absent when tie_embeddings)
+
+The logical axis names live in each Param's ``out_sharding`` metadata with ``eager_sharding=False``, so
+building a model needs no mesh; ``passrate_jax.sharding`` maps the names to mesh axes.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx, struct
+
+from passrate_jax.model.config import ModelConfig
+
+# Finite stand-in for -inf: a query with no visible key (a padding query) then gets a uniform softmax
+# instead of NaN, so garbage at padding positions never poisons gradients through where/sum.
+_MASK_VALUE = -1e30
+_INIT_STD = 0.02  # Hugging Face initializer_range default for these families
+
+
+@struct.dataclass
+class KVCache:
+    """Per-layer keys and values, slot ``s`` holding the token at absolute position ``s``.
+
+    k: [layers, B, S, kv_heads, head_dim]
+    v: [layers, B, S, kv_heads, head_dim]
+    """
+    k: jax.Array
+    v: jax.Array
+
+
+def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype=None) -> KVCache:
+    """An all-zero cache for ``batch`` rows of ``max_len`` slots; ``dtype`` defaults to ``cfg.dtype``."""
+    shape = (cfg.num_layers, batch, max_len, cfg.num_kv_heads, cfg.resolved_head_dim)
+    dtype = jnp.dtype(dtype if dtype is not None else cfg.dtype)
+    return KVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype))
+
+
+def _param(value: jax.Array, axes: tuple[str, ...]) -> nnx.Param:
+    # eager_sharding=False: the names are logical, only sharding.py knows the mesh they map to.
+    return nnx.Param(value, out_sharding=axes, eager_sharding=False)
+
+
+def _const(fill: float, shape, dtype) -> jax.Array:
+    # Built in numpy and transferred: an eager jnp.ones would compile one program per shape.
+    return jnp.asarray(np.full(shape, fill, np.dtype(dtype)))
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _normals(key: jax.Array, shapes: tuple, dtypes: tuple) -> list[jax.Array]:
+    sizes = [math.prod(s) for s in shapes]
+    flat = _INIT_STD * jax.random.normal(key, (sum(sizes),), jnp.float32)
+    offsets = np.cumsum([0] + sizes)
+    return [flat[o:o + n].reshape(s).astype(d) for o, n, s, d in zip(offsets, sizes, shapes, dtypes)]
+
+
+class _Init:
+    """Creates the normal-initialised weights as placeholders, then fills them all from *one* PRNG
+    draw: XLA's CPU compile time grows steeply with the number of separate random kernels (tens of
+    seconds for a two-layer model drawn weight by weight)."""
+
+    def __init__(self):
+        self.pending: list[nnx.Param] = []
+
+    def normal(self, shape, dtype, axes: tuple[str, ...]) -> nnx.Param:
+        # A zero-stride view: no host memory even for a full-size model under nnx.eval_shape.
+        param = _param(np.broadcast_to(np.zeros((), np.dtype(dtype)), shape), axes)
+        self.pending.append(param)
+        return param
+
+    def fill(self, key: jax.Array) -> None:
+        values = _normals(key, tuple(tuple(p.shape) for p in self.pending),
+                          tuple(np.dtype(p.get_value().dtype) for p in self.pending))
+        for param, value in zip(self.pending, values):
+            param.set_value(value)
+
+
+def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:
+    """RoPE inverse frequencies [head_dim / 2] (float64 numpy), with llama3 / linear scaling applied
+    exactly as transformers' ``ROPE_INIT_FUNCTIONS`` does."""
+    dim = cfg.resolved_head_dim
+    inv_freq = 1.0 / (cfg.rope_theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim))
+    rs = cfg.rope_scaling
+    if rs.rope_type == "linear":
+        return inv_freq / rs.factor
+    if rs.rope_type == "llama3":
+        low_wavelen = rs.original_max_position_embeddings / rs.low_freq_factor
+        high_wavelen = rs.original_max_position_embeddings / rs.high_freq_factor
+        wavelen = 2 * math.pi / inv_freq
+        scaled = np.where(wavelen > low_wavelen, inv_freq / rs.factor, inv_freq)
+        smooth = (rs.original_max_position_embeddings / wavelen - rs.low_freq_factor) / (
+            rs.high_freq_factor - rs.low_freq_factor)
+        smoothed = (1 - smooth) * scaled / rs.factor + smooth * scaled
+        is_medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+        return np.where(is_medium, smoothed, scaled)
+    return inv_freq
+
+
+def _rope_tables(positions_bt: jax.Array, cfg: ModelConfig) -> tuple[jax.Array, jax.Array]:
+    """cos, sin [B, T, 1, head_dim] float32, in the rotate-half layout transformers uses."""
+    # transformers keeps inv_freq in float32; rounding it the same way keeps long positions matched.
+    inv_freq = jnp.asarray(rope_inv_freq(cfg), jnp.float32)
+    angles = positions_bt.astype(jnp.float32)[..., None] * inv_freq
+    angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]
+    return jnp.cos(angles), jnp.sin(angles)
+
+
+def _apply_rope(x_bthe: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    half = x_bthe.shape[-1] // 2
+    x = x_bthe.astype(jnp.float32)
+    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return (x * cos + rotated * sin).astype(x_bthe.dtype)
+
+
+class RMSNorm(nnx.Module):
+    """Root-mean-square norm over the last axis, statistics in float32 (as transformers computes them)."""
+
+    def __init__(self, dim: int, eps: float, dtype, param_dtype):
+        self.eps = eps
+        self.dtype = dtype
+        self.weight = _param(_const(1.0, (dim,), param_dtype), ("norm",))
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x32 = x.astype(jnp.float32)
+        normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return self.weight[...].astype(self.dtype) * normed.astype(self.dtype)
+
+
+class Attention(nnx.Module):
+    """Grouped-query self-attention with RoPE, optional q/k/v biases (Qwen2) and q/k RMSNorm (Qwen3)."""
+
+    def __init__(self, cfg: ModelConfig, init: _Init):
+        d, h, k, e = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.resolved_head_dim
+        pdt, self.dtype = jnp.dtype(cfg.param_dtype), jnp.dtype(cfg.dtype)
+        self.q = init.normal((d, h, e), pdt, ("embed", "heads", "head_dim"))
+        self.k = init.normal((d, k, e), pdt, ("embed", "kv_heads", "head_dim"))
+        self.v = init.normal((d, k, e), pdt, ("embed", "kv_heads", "head_dim"))
+        self.o = init.normal((h, e, d), pdt, ("heads", "head_dim", "embed"))
+        if cfg.attention_bias:
+            self.q_bias = _param(_const(0.0, (h, e), pdt), ("heads", "head_dim"))
+            self.k_bias = _param(_const(0.0, (k, e), pdt), ("kv_heads", "head_dim"))
+            self.v_bias = _param(_const(0.0, (k, e), pdt), ("kv_heads", "head_dim"))
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(e, cfg.rms_norm_eps, self.dtype, pdt)
+            self.k_norm = RMSNorm(e, cfg.rms_norm_eps, self.dtype, pdt)
+        self.attention_bias = cfg.attention_bias
+        self.qk_norm = cfg.qk_norm
+
+    def _project(self, x_btd, w, bias_name):
+        y = jnp.einsum("btd,dhe->bthe", x_btd, w[...].astype(self.dtype))
+        if self.attention_bias:
+            y = y + getattr(self, bias_name)[...].astype(self.dtype)
+        return y
+
+    def __call__(self, x_btd, cos, sin, mask_bts, cache=None, layer=0, slot_bt=None):
+        """Attention output [B, T, d]; with ``cache=(k, v)`` full cache arrays, also the updated arrays."""
+        q = self._project(x_btd, self.q, "q_bias")
+        k = self._project(x_btd, self.k, "k_bias")
+        v = self._project(x_btd, self.v, "v_bias")
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = _apply_rope(q, cos, sin), _apply_rope(k, cos, sin)
+        if cache is not None:
+            # Scatter each row's new keys into slot == position; padding tokens carry slot S (out of
+            # range) and mode="drop" discards them, so they never clobber a real token's slot.
+            cache_k, cache_v = cache
+            rows = jnp.arange(x_btd.shape[0])[:, None]
+            cache_k = cache_k.at[layer, rows, slot_bt].set(k.astype(cache_k.dtype), mode="drop")
+            cache_v = cache_v.at[layer, rows, slot_bt].set(v.astype(cache_v.dtype), mode="drop")
+            k, v = cache_k[layer].astype(self.dtype), cache_v[layer].astype(self.dtype)
+            cache = (cache_k, cache_v)
+        out = _attend(q, k, v, mask_bts)
+        return jnp.einsum("bthe,hed->btd", out, self.o[...].astype(self.dtype)), cache
+
+
+def _attend(q_bthe, k_bske, v_bske, mask_bts):
+    """Softmax attention with GQA; scores and softmax in float32."""
+    b, t, h, e = q_bthe.shape
+    kv = k_bske.shape[2]
+    q = q_bthe.reshape(b, t, kv, h // kv, e)
+    scores = jnp.einsum("btkge,bske->bkgts", q, k_bske, preferred_element_type=jnp.float32)
+    scores = jnp.where(mask_bts[:, None, None], scores * (e ** -0.5), _MASK_VALUE)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v_bske.dtype)
+    return jnp.einsum("bkgts,bske->btkge", probs, v_bske).reshape(b, t, h, e)
+
+
+class MLP(nnx.Module):
+    """SwiGLU feed-forward: down(silu(gate x) * up x)."""
+
+    def __init__(self, cfg: ModelConfig, init: _Init):
+        d, f, pdt = cfg.hidden_size, cfg.intermediate_size, jnp.dtype(cfg.param_dtype)
+        self.dtype = jnp.dtype(cfg.dtype)
+        self.gate = init.normal((d, f), pdt, ("embed", "mlp"))
+        self.up = init.normal((d, f), pdt, ("embed", "mlp"))
+        self.down = init.normal((f, d), pdt, ("mlp", "embed"))
+
+    def __call__(self, x_btd):
+        gate = x_btd @ self.gate[...].astype(self.dtype)
+        up = x_btd @ self.up[...].astype(self.dtype)
+        return (jax.nn.silu(gate) * up) @ self.down[...].astype(self.dtype)
+
+
+class Block(nnx.Module):
+    """Pre-norm residual block: x + attn(norm x), then x + mlp(norm x)."""
+
+    def __init__(self, cfg: ModelConfig, init: _Init):
+        dt, pdt = jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype)
+        self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dt, pdt)
+        self.attn = Attention(cfg, init)
+        self.post_attention_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dt, pdt)
+        self.mlp = MLP(cfg, init)
+
+    def __call__(self, x_btd, cos, sin, mask_bts, cache=None, layer=0, slot_bt=None):
+        """Block output [B, T, d] and the (possibly updated) cache arrays."""
+        attn_out, cache = self.attn(self.input_norm(x_btd), cos, sin, mask_bts, cache, layer, slot_bt)
+        x_btd = x_btd + attn_out
+        return x_btd + self.mlp(self.post_attention_norm(x_btd)), cache
+
+
+class Transformer(nnx.Module):
+    """Decoder-only language model; see the module docstring for the weight layout."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        cfg.validate()
+        self.cfg = cfg
+        pdt, self.dtype = jnp.dtype(cfg.param_dtype), jnp.dtype(cfg.dtype)
+        init = _Init()
+        self.embed = init.normal((cfg.vocab_size, cfg.hidden_size), pdt, ("vocab", "embed"))
+        self.layers = nnx.List([Block(cfg, init) for _ in range(cfg.num_layers)])
+        self.final_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, self.dtype, pdt)
+        if not cfg.tie_embeddings:
+            self.lm_head = init.normal((cfg.hidden_size, cfg.vocab_size), pdt, ("embed", "vocab"))
+        init.fill(rngs.params())
+
+    def __call__(self, tokens_bt, positions_bt=None, attention_mask_bt=None, cache: KVCache | None = None):
+        """Next-token logits.
+
+        Args:
+          tokens_bt: int32 [B, T] token ids.
+          positions_bt: int32 [B, T] absolute positions; default ``arange(T)`` in every row.
+          attention_mask_bt: bool/int [B, T], 1 = real token; default all real.
+          cache: optional :class:`KVCache`. Real tokens are written at slot == position (padding is
+            not written; a position >= the cache length is silently dropped, so size the cache for
+            prompt + generation) and queries attend to cache slots ``s <= position``.
+
+        Returns:
+          ``logits_btv`` float32 [B, T, V] without a cache; ``(logits_btv, new_cache)`` with one.
+        """
+        b, t = tokens_bt.shape
+        if positions_bt is None:
+            positions_bt = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+        real_bt = (jnp.ones((b, t), bool) if attention_mask_bt is None
+                   else attention_mask_bt.astype(bool))
+        positions_bt = positions_bt.astype(jnp.int32)
+        cos, sin = _rope_tables(positions_bt, self.cfg)
+        x = self.embed[...][tokens_bt].astype(self.dtype)
+
+        if cache is None:
+            # Causal by position, not by index: rows may be left- or right-padded or packed.
+            mask_bts = (positions_bt[:, None, :] <= positions_bt[:, :, None]) & real_bt[:, None, :]
+            for layer in self.layers:
+                x, _ = layer(x, cos, sin, mask_bts)
+        else:
+            s = cache.k.shape[2]
+            mask_bts = jnp.arange(s)[None, None, :] <= positions_bt[:, :, None]
+            slot_bt = jnp.where(real_bt, positions_bt, s)
+            arrays = (cache.k, cache.v)
+            for i, layer in enumerate(self.layers):
+                x, arrays = layer(x, cos, sin, mask_bts, arrays, i, slot_bt)
+            cache = KVCache(k=arrays[0], v=arrays[1])
+
+        x = self.final_norm(x)
+        if self.cfg.tie_embeddings:
+            logits = jnp.einsum("btd,vd->btv", x, self.embed[...].astype(self.dtype))
+        else:
+            logits = x @ self.lm_head[...].astype(self.dtype)
+        logits = logits.astype(jnp.float32)
+        return logits if cache is None else (logits, cache)
+
+
+def create_model(cfg: ModelConfig, seed: int = 0, mesh: jax.sharding.Mesh | None = None) -> Transformer:
+    """The model a config asks for: ``cfg.pretrained`` loaded (with ``cfg.dtype`` / ``cfg.param_dtype``)
+    when set, else a randomly initialised :class:`Transformer` built in one compiled program.
+
+    With ``mesh`` the weights are created (or loaded) directly in their shardings, so no device ever
+    holds the whole model. Random init under one jit also avoids eager mode's compile per op.
+    """
+    if cfg.pretrained is not None:
+        from passrate_jax.model.hf_io import load_pretrained  # hf_io imports this module
+        return load_pretrained(cfg.pretrained, cfg.dtype, mesh, param_dtype=cfg.param_dtype)
+    graphdef, abstract = nnx.split(nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(seed))))
+    out_shardings = None
+    if mesh is not None:
+        from passrate_jax.sharding import param_shardings  # sharding never imports the model
+        out_shardings = param_shardings(abstract, mesh)
+    state = jax.jit(lambda: nnx.split(Transformer(cfg, rngs=nnx.Rngs(seed)))[1],
+                    out_shardings=out_shardings)()
+    return nnx.merge(graphdef, state)

@@ -1,0 +1,130 @@
+"""Device mesh and partition rules: logical axis names on parameters -> ("data", "fsdp", "tensor").
+
+Every function takes the mesh explicitly; nothing here sets global mesh state.
+
+    mesh = make_mesh(MeshConfig(data=2, fsdp=2, tensor=2))
+    model = shard_model(model, mesh)
+    tokens = jax.device_put(tokens_bt, batch_sharding(mesh, 2))
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import jax
+from flax import nnx
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+
+from passrate_jax.config import MeshConfig
+
+MESH_AXES = ("data", "fsdp", "tensor")
+
+# Logical name -> mesh axis (or tuple of axes, or None = replicated). Weights are split over "fsdp"
+# along the model width and over "tensor" along heads / mlp / vocab (Megatron-style column/row
+# splits); activations' batch dimension over both data-parallel axes.
+LOGICAL_AXIS_RULES: dict[str, str | tuple[str, ...] | None] = {
+    "batch": ("data", "fsdp"),
+    "embed": "fsdp",
+    "vocab": "tensor",
+    "heads": "tensor",
+    "kv_heads": "tensor",
+    "mlp": "tensor",
+    "head_dim": None,
+    "norm": None,
+    "layers": None,
+    "length": None,
+}
+
+# Logical axes of a KVCache's k / v arrays [layers, B, S, kv_heads, head_dim].
+KV_CACHE_AXES = ("layers", "batch", "length", "kv_heads", "head_dim")
+
+
+def make_mesh(cfg: MeshConfig, devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """A ("data", "fsdp", "tensor") mesh with Auto axis types over ``devices`` (default: all).
+
+    One axis size may be -1 ("the rest"). Raises ValueError naming the sizes when their product does
+    not equal the device count.
+    """
+    devices = list(jax.devices() if devices is None else devices)
+    n = len(devices)
+    sizes = [cfg.data, cfg.fsdp, cfg.tensor]
+    if -1 in sizes:
+        known = math.prod(s for s in sizes if s != -1)
+        if n % known:
+            raise ValueError(f"mesh (data, fsdp, tensor) = {tuple(sizes)}: the fixed sizes (product {known}) "
+                             f"do not divide the device count {n}")
+        sizes[sizes.index(-1)] = n // known
+    if math.prod(sizes) != n:
+        raise ValueError(f"mesh (data, fsdp, tensor) = {tuple(sizes)}: product {math.prod(sizes)} != "
+                         f"device count {n}")
+    # Auto, not jax.make_mesh's Explicit default: explicit-sharding mode rejects the embedding gather
+    # and would force sharding annotations on every op; Auto lets XLA propagate from the params.
+    return jax.make_mesh(tuple(sizes), MESH_AXES, axis_types=(AxisType.Auto,) * 3, devices=devices)
+
+
+def logical_to_spec(names: Sequence[str | None], shape: Sequence[int], mesh: Mesh,
+                    rules: dict = LOGICAL_AXIS_RULES) -> PartitionSpec:
+    """PartitionSpec for an array of ``shape`` whose dims carry logical ``names``.
+
+    A mesh axis is dropped (that dim replicated) when the dim is not divisible by its size or the axis
+    is already used by an earlier dim, so e.g. 2 kv heads on a tensor axis of 4 stay replicated.
+    """
+    if len(names) != len(shape):
+        raise ValueError(f"logical axes {tuple(names)} do not match shape {tuple(shape)}")
+    used: set[str] = set()
+    spec = []
+    for name, dim in zip(names, shape):
+        if name is not None and name not in rules:
+            raise ValueError(f"logical axis {name!r} has no rule; known: {sorted(rules)}")
+        target = rules.get(name) if name is not None else None
+        axes = (target,) if isinstance(target, str) else tuple(target or ())
+        axes = tuple(a for a in axes if mesh.shape[a] > 1 and a not in used)
+        if axes and dim % math.prod(mesh.shape[a] for a in axes):
+            axes = ()
+        used.update(axes)
+        spec.append(None if not axes else axes[0] if len(axes) == 1 else axes)
+    return PartitionSpec(*spec)
+
+
+def logical_sharding(mesh: Mesh, names: Sequence[str | None], shape: Sequence[int],
+                     rules: dict = LOGICAL_AXIS_RULES) -> NamedSharding:
+    """NamedSharding for one array with logical axis ``names``, e.g. a KV cache with
+    :data:`KV_CACHE_AXES`: ``jax.device_put(cache, logical_sharding(mesh, KV_CACHE_AXES, cache.k.shape))``."""
+    return NamedSharding(mesh, logical_to_spec(names, shape, mesh, rules))
+
+
+def param_shardings(state: nnx.State, mesh: Mesh, rules: dict = LOGICAL_AXIS_RULES) -> nnx.State:
+    """NamedShardings matching ``state`` (each Variable's value replaced by its sharding), from the
+    Variables' ``out_sharding`` logical names; unannotated arrays are replicated. Usable as jit
+    ``in_shardings`` / ``out_shardings`` for the state and as a ``jax.device_put`` target."""
+
+    def one(x):
+        if isinstance(x, nnx.Variable):
+            names = x.get_metadata().get("out_sharding") or (None,) * len(x.shape)
+            return x.replace(NamedSharding(mesh, logical_to_spec(names, x.shape, mesh, rules)))
+        return NamedSharding(mesh, PartitionSpec())
+
+    return jax.tree.map(one, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
+
+
+def shard_model(model: nnx.Module, mesh: Mesh, rules: dict = LOGICAL_AXIS_RULES) -> nnx.Module:
+    """Place ``model``'s variables on ``mesh`` according to their logical axes (in place; returned)."""
+    state = nnx.state(model)
+    nnx.update(model, jax.device_put(state, param_shardings(state, mesh, rules)))
+    return model
+
+
+def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
+    """Split dim 0 over ("data", "fsdp"), replicate the other ``ndim - 1`` dims."""
+    return NamedSharding(mesh, PartitionSpec(("data", "fsdp"), *([None] * (ndim - 1))))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    """A fully replicated sharding on ``mesh``."""
+    return NamedSharding(mesh, PartitionSpec())
+
+
+__all__ = ["MESH_AXES", "LOGICAL_AXIS_RULES", "KV_CACHE_AXES", "make_mesh", "logical_to_spec",
+           "logical_sharding", "param_shardings",
+           "shard_model", "batch_sharding", "replicated"]

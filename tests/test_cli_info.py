@@ -1,0 +1,22 @@
+"""``passrate-jax info`` prints the resolved config, the devices, the mesh and the parameter count."""
+
+from passrate_jax.cli import main
+from passrate_jax.info import parameter_count
+from passrate_jax.model import ModelConfig
+
+
+def test_parameter_count_matches_formula():
+    cfg = ModelConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
+                      num_kv_heads=2, tie_embeddings=True)
+    d, h, kv, hd, f = 32, 4, 2, 8, 64
+    per_layer = d * h * hd + 2 * d * kv * hd + h * hd * d + 3 * d * f + 2 * d
+    assert parameter_count(cfg) == 100 * d + 2 * per_layer + d
+
+
+def test_info_prints_config_devices_mesh_and_parameters(capsys):
+    assert main(["info", "--config", "configs/default.yaml", "model.num_layers=2"]) == 0
+    out = capsys.readouterr().out
+    assert "# resolved config" in out and "num_layers: 2" in out
+    assert "# devices" in out and "cpu" in out.lower()
+    assert "# mesh" in out and "'data'" in out
+    assert "parameters:" in out
