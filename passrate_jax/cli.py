@@ -34,6 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _info_subparser(subparsers)
     from passrate_jax import plot
+    from passrate_jax.allocation import simulate
+    simulate.add_subparser(subparsers)
     plot.add_subparser(subparsers)
     return parser
 

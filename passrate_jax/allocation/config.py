@@ -13,6 +13,7 @@ class DSConfig:
     """DAPO dynamic sampling."""
     gen_batch_multiple: int = option(3, ge=1, doc="generation batch = gen_batch_multiple * B prompts")
     max_gen_batches: int = option(10, ge=1)
+    keep_surplus: bool = option(False, doc="ideal DS: keep surplus valid groups for the next step (ours)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,6 +25,7 @@ class SaraConfig:
                                               doc="probe rollouts per round; a confirmed group is completed to N")
     prior_a: float = option(1.0, gt=0)
     prior_b: float = option(1.0, gt=0)
+    max_rounds: int = option(32, ge=1, doc="rounds per step before SARA stops (ours)")
 
     def validate(self) -> None:
         if self.tau_abandon >= self.tau_confirm:
@@ -79,6 +81,8 @@ class PrefixSamplingConfig:
     ratio_init: float = option(0.25, gt=0, lt=1)
     ratio_min: float = option(0.05, gt=0, lt=1)
     ratio_max: float = option(0.95, gt=0, lt=1)
+    max_replay_share: float = option(0.5, gt=0, le=1,
+                                     doc="at most this fraction of a step's B groups are re-rollout groups (ours)")
 
     def validate(self) -> None:
         if not self.ratio_min <= self.ratio_init <= self.ratio_max:

@@ -1,0 +1,152 @@
+"""Predictive prompt selection (DESIGN.md 2.1): MoPPS (decayed Beta, Thompson sampling toward 0.5)
+and DPS (3-state hidden Markov model with decayed Dirichlet transition counts).
+
+One pytree holds both per-prompt models, indexed by prompt id, so a checkpoint saves it as arrays
+and SARA can read a Beta prior from it under either method:
+
+    state = selection_init(num_prompts, cfg)
+    ids, ok = select_prompts(state, key, available, k, cfg)      # before sampling
+    state = selection_update(state, ids, n, s, mask, cfg, N)     # after the step's outcomes
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from passrate_jax.allocation.beta_binomial import validity_probability
+from passrate_jax.allocation.config import SelectionConfig
+
+ALL_WRONG, MIXED, ALL_CORRECT = 0, 1, 2
+
+
+@struct.dataclass
+class SelectionState:
+    """Per-prompt predictive models; P = number of prompts in the dataset.
+
+    alpha, beta: float32 [P], decayed Beta posterior of the success rate (MoPPS form).
+    counts: float32 [P, 3, 3], Dirichlet transition counts from state i (row) to state j (column)
+      over (all-wrong, mixed, all-correct).
+    last: float32 [P, 3], belief over the state at the prompt's last observation (uniform if unseen).
+    """
+    alpha: jax.Array
+    beta: jax.Array
+    counts: jax.Array
+    last: jax.Array
+
+
+def selection_init(num_prompts: int, cfg: SelectionConfig) -> SelectionState:
+    """Prior models for ``num_prompts`` unseen prompts."""
+    return SelectionState(
+        alpha=jnp.full((num_prompts,), cfg.mopps_alpha0, jnp.float32),
+        beta=jnp.full((num_prompts,), cfg.mopps_beta0, jnp.float32),
+        counts=jnp.full((num_prompts, 3, 3), cfg.dps_alpha0, jnp.float32),
+        last=jnp.full((num_prompts, 3), 1.0 / 3.0, jnp.float32))
+
+
+def observed_state(n, s, group_size, prior_a, prior_b):
+    """Belief over (all-wrong, mixed, all-correct) for a full group, given n of its N rollouts.
+
+    A full group is observed exactly (one-hot). A partial unanimous group (SARA abandoned it, or a
+    pilot) is split by the validity predictor under the prompt's Beta prior (ours): all failures ->
+    (1 - P_valid, P_valid, 0). Returns float32 [..., 3].
+    """
+    p_valid = validity_probability(n, s, group_size, prior_a, prior_b)
+    fail = (s == 0) & (n > 0)
+    succ = (s == n) & (n > 0)
+    mixed = ~fail & ~succ
+    return jnp.stack([jnp.where(fail, 1 - p_valid, 0.0),
+                      jnp.where(mixed, 1.0, p_valid),
+                      jnp.where(succ, 1 - p_valid, 0.0)], axis=-1).astype(jnp.float32)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "group_size"))
+def selection_update(state: SelectionState, prompt_ids, n, s, mask, cfg: SelectionConfig,
+                     group_size: int) -> SelectionState:
+    """Fold one step's outcomes into the models of ``prompt_ids`` (int [K], unique where ``mask``).
+
+    MoPPS: alpha <- lam alpha + (1-lam) alpha0 + s; beta <- lam beta + (1-lam) beta0 + (n - s).
+    DPS: counts <- lam counts + (1-lam) alpha0 + outer(last, q); last <- q, with q the observed state.
+    Entries with ``mask`` False (padding) or n = 0 leave the state unchanged.
+    """
+    n = jnp.asarray(n, jnp.int32)
+    s = jnp.asarray(s, jnp.int32)
+    mask = jnp.asarray(mask) & (n > 0)
+    # Out-of-range ids are dropped by the scatter, which masks the padding without a branch.
+    ids = jnp.where(mask, prompt_ids, state.alpha.shape[0])
+    a, b = state.alpha[prompt_ids], state.beta[prompt_ids]
+    lam = cfg.mopps_lambda
+    new_a = lam * a + (1 - lam) * cfg.mopps_alpha0 + s
+    new_b = lam * b + (1 - lam) * cfg.mopps_beta0 + (n - s)
+    q = observed_state(n, s, group_size, a, b)
+    prev = state.last[prompt_ids]
+    new_counts = (cfg.dps_lambda * state.counts[prompt_ids] + (1 - cfg.dps_lambda) * cfg.dps_alpha0
+                  + prev[:, :, None] * q[:, None, :])
+    return SelectionState(alpha=state.alpha.at[ids].set(new_a, mode="drop"),
+                          beta=state.beta.at[ids].set(new_b, mode="drop"),
+                          counts=state.counts.at[ids].set(new_counts, mode="drop"),
+                          last=state.last.at[ids].set(q, mode="drop"))
+
+
+def dps_mixed_probability(state: SelectionState, prompt_ids):
+    """DPS prediction: P(next group of the prompt is mixed) = sum_i last_i T_i,mixed, T = row-normalised counts."""
+    counts = state.counts[prompt_ids]
+    trans = counts / counts.sum(-1, keepdims=True)
+    return jnp.einsum("ki,ki->k", state.last[prompt_ids], trans[:, :, MIXED])
+
+
+def selection_scores(state: SelectionState, prompt_ids, key, cfg: SelectionConfig):
+    """Preference score of each candidate (higher is chosen first), float32 [K].
+
+    none: a uniform random number (random order); mopps: -|gamma - 0.5| with gamma ~ Beta(alpha, beta)
+    (Thompson sample); dps: the predicted probability of the mixed state.
+    """
+    match cfg.method:
+        case "none":
+            return jax.random.uniform(key, prompt_ids.shape)
+        case "mopps":
+            gamma = jax.random.beta(key, state.alpha[prompt_ids], state.beta[prompt_ids])
+            return -jnp.abs(gamma - 0.5)
+        case "dps":
+            return dps_mixed_probability(state, prompt_ids)
+    raise ValueError(f"unknown selection method {cfg.method!r}")
+
+
+@functools.partial(jax.jit, static_argnames=("k_max", "cfg"))
+def select_prompts(state: SelectionState, key, available, k, k_max: int, cfg: SelectionConfig):
+    """Choose ``k`` prompts to roll out among those with ``available`` True (bool [P]).
+
+    Draws a uniform random candidate pool of ``pool_ratio * k`` available prompts (``k`` when the
+    method is none) and keeps the ``k`` best by :func:`selection_scores`. ``k`` may be traced;
+    ``k_max`` >= k is the static output size (bucket it to limit recompiles). Returns (ids int32
+    [k_max], ok bool [k_max]) best first; ok is False beyond k or where too few prompts were available.
+    """
+    num = available.shape[0]
+    ratio = 1 if cfg.method == "none" else cfg.pool_ratio
+    pool = min(ratio * k_max, num)
+    k_pool, k_score = jax.random.split(key)
+    # Gumbel top-k is sampling without replacement among the available prompts.
+    gumbel = jax.random.gumbel(k_pool, (num,))
+    pool_val, pool_ids = jax.lax.top_k(jnp.where(available, gumbel, -jnp.inf), pool)
+    pool_ok = jnp.isfinite(pool_val) & (jnp.arange(pool) < ratio * k)
+    score = jnp.where(pool_ok, selection_scores(state, pool_ids, k_score, cfg), -jnp.inf)
+    kk = min(k_max, pool)
+    val, idx = jax.lax.top_k(score, kk)
+    ids, ok = pool_ids[idx].astype(jnp.int32), jnp.isfinite(val) & (jnp.arange(kk) < k)
+    if kk < k_max:
+        ids = jnp.concatenate([ids, jnp.zeros((k_max - kk,), jnp.int32)])
+        ok = jnp.concatenate([ok, jnp.zeros((k_max - kk,), bool)])
+    return ids, ok
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "prior_a", "prior_b"))
+def selection_prior(state: SelectionState, prompt_ids, cfg: SelectionConfig, prior_a: float, prior_b: float):
+    """Beta prior SARA uses for ``prompt_ids``: the selection state's decayed Beta when a selection
+    method is on (the "SARA+DPS" composition), else the fixed (prior_a, prior_b)."""
+    if cfg.method == "none":
+        shape = jnp.shape(prompt_ids)
+        return jnp.full(shape, prior_a, jnp.float32), jnp.full(shape, prior_b, jnp.float32)
+    return state.alpha[prompt_ids], state.beta[prompt_ids]

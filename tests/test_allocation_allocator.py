@@ -1,0 +1,127 @@
+"""The round-by-round allocator: every composition, budgets, state round-trips, and the simulator."""
+
+import dataclasses
+import itertools
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from passrate_jax.allocation import Allocator, Result, state_from_dict, state_to_dict
+from passrate_jax.allocation.config import AllocationConfig, PrefixSamplingConfig
+from passrate_jax.allocation.simulate import SimulatorConfig, main, simulate
+
+B, N, P = 4, 8, 48
+
+
+def make(method, selection="none", ps=False, **kw):
+    cfg = AllocationConfig(method=method, num_prompts=B, group_size=N, **kw)
+    cfg = dataclasses.replace(cfg, selection=dataclasses.replace(cfg.selection, method=selection))
+    return Allocator(cfg, PrefixSamplingConfig(enabled=ps), P)
+
+
+def drive(allocator, state, steps, rates, seed=0):
+    """Run steps with Bernoulli outcomes; returns (results, state, requests seen)."""
+    rng = np.random.default_rng(seed)
+    out, seen = [], []
+    for _ in range(steps):
+        run = allocator.start_step(state)
+        while reqs := run.requests():
+            seen += reqs
+            run.observe([Result(r.group_key, tuple(int(x) for x in rng.random(r.num_rollouts) < rates[r.prompt_id]))
+                         for r in reversed(reqs)])  # any order
+        res, state = run.finish()
+        out.append(res)
+    return out, state, seen
+
+
+RATES = np.random.default_rng(0).beta(0.4, 0.4, P)
+
+
+@pytest.mark.parametrize("method,selection,ps", list(itertools.product(
+    ["uniform", "ds", "sara", "pilot_commit"], ["none", "mopps", "dps"], [False, True])))
+def test_every_composition(method, selection, ps):
+    allocator = make(method, selection, ps)
+    results, state, seen = drive(allocator, allocator.init(jax.random.PRNGKey(0)), 3, RATES)
+    assert int(state.step) == 3 and len(results) == 3
+    for res in results:
+        assert len(res.groups) <= B
+        assert res.rollouts_spent <= allocator.budget
+        for g in res.groups:
+            assert g.valid == (0 < sum(g.rewards) < len(g.rewards))
+            assert len(g.rewards) == N
+            if method != "uniform":
+                assert g.valid  # only uniform trains saturated groups
+    assert sum(r.rollouts_spent for r in results) == sum(r.num_rollouts for r in seen)
+    assert any(r.prefix is not None for r in seen) == (ps and any(
+        0 < sum(g.rewards) <= 2 or 6 <= sum(g.rewards) < 8 for res in results[:-1] for g in res.groups))
+    for r in seen:
+        if r.prefix is not None:
+            assert 0 < r.prefix.cut_ratio < 1 and r.num_rollouts == N and r.first_index == 0
+    assert (method == "sara") == (max(r.num_rollouts for r in seen if r.prefix is None) < N) or method == "pilot_commit"
+
+
+def test_sara_abandons_unanimous_prompts_after_two_probes_and_respects_budget():
+    allocator = make("sara")
+    (res,), _, seen = drive(allocator, allocator.init(jax.random.PRNGKey(0)), 1, np.zeros(P))
+    # New prompts open only while the budget can still complete them to N, so the last N - 4
+    # rollouts of the B * N budget stay unspent.
+    assert res.groups == [] and B * N - N < res.rollouts_spent <= B * N
+    # Every prompt gets probes of 2 then 2 and is abandoned at P_valid = 4/9 <= 0.45.
+    assert all((n, s) == (4, 0) for _, n, s in res.abandoned) and len(res.abandoned) * 4 == res.rollouts_spent
+    assert {r.num_rollouts for r in seen} == {2}
+
+
+def test_ds_discards_surplus_and_ideal_ds_keeps_it():
+    rates = np.full(P, 0.5)
+    for keep in (False, True):
+        cfg = AllocationConfig(method="ds", num_prompts=B, group_size=N)
+        allocator = Allocator(dataclasses.replace(cfg, ds=dataclasses.replace(cfg.ds, keep_surplus=keep)),
+                              PrefixSamplingConfig(), P)
+        results, _, _ = drive(allocator, allocator.init(jax.random.PRNGKey(0)), 2, rates)
+        assert results[0].rollouts_spent == 3 * B * N  # one generation batch of 3B prompts
+        assert len(results[1].groups) == B
+        assert results[1].rollouts_spent == (0 if keep else 3 * B * N)  # surplus covers the next step
+        assert bool(results[0].retained_keys) == keep
+
+
+def test_state_round_trips_through_a_dict_of_arrays():
+    allocator = make("pilot_commit", "dps", True)
+    _, state, _ = drive(allocator, allocator.init(jax.random.PRNGKey(3)), 3, RATES)
+    flat = state_to_dict(state)
+    assert all(isinstance(v, np.ndarray) for v in flat.values()) and "selection/counts" in flat
+    again = state_from_dict({k: v.copy() for k, v in flat.items()}, allocator.init(jax.random.PRNGKey(0)))
+    jax.tree.map(lambda x, y: np.testing.assert_array_equal(x, y), state, again)
+    a, _, _ = drive(allocator, state, 2, RATES, seed=9)
+    b, _, _ = drive(allocator, again, 2, RATES, seed=9)
+    assert [r.groups for r in a] == [r.groups for r in b]  # restored state continues identically
+    with pytest.raises(ValueError):
+        state_from_dict({**flat, "evicted": np.zeros(3, bool)}, state)
+
+
+def test_protocol_errors():
+    allocator = make("uniform")
+    run = allocator.start_step(allocator.init(jax.random.PRNGKey(0)))
+    reqs = run.requests()
+    with pytest.raises(RuntimeError):
+        run.requests()
+    with pytest.raises(ValueError):
+        run.observe([Result(reqs[0].group_key, (1,))])
+
+
+def test_simulator_smoke(tmp_path, capsys):
+    sim = SimulatorConfig(steps=4, num_prompts=64, warmup=1, methods=("uniform", "ds", "sara+dps", "uniform+ps"))
+    report = simulate(sim, AllocationConfig(num_prompts=B), PrefixSamplingConfig(), progress=False)
+    m = report["methods"]
+    assert set(m) == set(sim.methods)
+    assert m["ds"]["valid_groups_per_step"] == B and m["ds"]["vs_ds"] == 1.0
+    for v in m.values():
+        assert v["rollouts_per_valid_group"] >= N and 0 < v["useful_rollout_fraction"] <= 1
+    assert "ps" in m["uniform+ps"] and len(m["uniform+ps"]["ps"]["pass_rate_per_step"]) == 4
+    png = tmp_path / "sim.png"
+    assert main(["sim.steps=2", "sim.num_prompts=32", "sim.methods=[ds, sara]", "allocation.num_prompts=4",
+                 "--json", "--plot", str(png), "--no-progress"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out["methods"]) == {"ds", "sara"} and png.stat().st_size > 1000
+    assert main(["sim.methods=[sara+bogus]", "--no-progress"]) == 2
