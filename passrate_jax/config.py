@@ -22,10 +22,64 @@ from passrate_jax.sampling.config import SamplingConfig
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
-    """Where prompts come from."""
-    source: Literal["builtin"] = option("builtin")
-    task: Literal["arithmetic", "countdown"] = option("arithmetic")
-    seed: int = option(0, ge=0)
+    """Where prompts come from, how the model sees them, and how its answers are scored (passrate_jax/data)."""
+    source: Literal["builtin", "jsonl", "parquet", "tfds"] = option(
+        "builtin", doc="builtin: procedural task; jsonl/parquet: local file at path; tfds: array_record TFDS dataset")
+    task: Literal["arithmetic", "countdown"] = option("arithmetic", doc="built-in task (source builtin)")
+    seed: int = option(0, ge=0, doc="seed of the epoch shuffles and of the built-in problems")
+    level: int = option(0, ge=0, doc="built-in difficulty level; 0 draws one per problem")
+    train_size: int = option(0, ge=0, doc="built-in: 0 = endless stream, else this many problems cycled in epochs")
+    eval_size: int = option(256, ge=0, doc="held-out prompts per evaluation (the first K of the held-out split)")
+    shuffle: bool = option(True, doc="reshuffle finite sources every epoch (seeded)")
+    path: str = option("", doc="train file (source jsonl/parquet)")
+    eval_path: str = option("", doc="held-out file, same format and fields; empty: no evaluation prompts")
+    tfds_name: str = option("", doc="TFDS name, e.g. gsm8k or passrate_builtin/<config> (source tfds)")
+    tfds_data_dir: str = option("", doc="TFDS data_dir; empty: TFDS's default")
+    train_split: str = option("train", doc="TFDS train split")
+    eval_split: str = option("test", doc="TFDS held-out split; empty: none")
+    prompt_field: str = option("prompt", doc="row field holding the prompt")
+    answer_field: str = option("answer", doc="row field holding the reference answer")
+    id_field: str = option("", doc="row field holding a stable id (int, or str hashed); empty: hash of the prompt")
+    reference_extract: Literal["none", "boxed", "gsm8k", "last_number"] = option(
+        "none", doc="pull the reference out of a worked answer field (gsm8k: after ####)")
+    skip_bad_rows: bool = option(False, doc="skip and count bad rows instead of failing on the first")
+    template: str = option("{prompt}", doc="prompt template; {prompt} is replaced literally")
+    chat_template: bool = option(False, doc="render the filled template through the tokenizer's chat template")
+    system_prompt: str = option("", doc="system turn when chat_template; empty: none")
+    answer_extract: Literal["none", "boxed", "gsm8k", "last_number"] = option(
+        "boxed", doc="how the final answer is found in a response (not used by the task verifier)")
+    verifier: Literal["auto", "task", "exact", "numeric", "math"] = option(
+        "auto", doc="auto: task for built-in data, math otherwise")
+    verify_timeout_s: float = option(5.0, gt=0, doc="per-answer limit of math verification, seconds")
+    verify_workers: int = option(2, ge=1, doc="processes of the math verification pool")
+
+    def validate(self) -> None:
+        from passrate_jax.data.tasks import TASKS
+
+        if self.template.count("{prompt}") != 1:
+            raise ConfigError(f"template = {self.template!r}: must contain {{prompt}} exactly once")
+        levels = len(TASKS[self.task].levels)
+        if self.source == "builtin" and self.level > levels:
+            raise ConfigError(f"level = {self.level}: {self.task} has levels 1..{levels} (0: mixed)")
+        if self.source in ("jsonl", "parquet") and not self.path:
+            raise ConfigError(f"path = '': source {self.source} needs a file")
+        if self.source == "tfds" and not self.tfds_name:
+            raise ConfigError("tfds_name = '': source tfds needs a dataset name")
+        if self.verifier == "task" and not self._builtin_data:
+            raise ConfigError(f"verifier = 'task': only for built-in task data, not source {self.source} "
+                              f"{self.tfds_name or self.path!r}")
+
+    @property
+    def _builtin_data(self) -> bool:
+        builtin_build = self.tfds_name.split("/")[0] == "passrate_builtin"  # tfds_builtin.BUILDER_NAME
+        return self.source == "builtin" or (self.source == "tfds" and builtin_build)
+
+    @property
+    def resolved_verifier(self) -> str:
+        """The verifier ``auto`` stands for: the task's own for built-in data, math equivalence otherwise."""
+        if self.verifier != "auto":
+            return self.verifier
+        return "task" if self._builtin_data else "math"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,12 +115,26 @@ class LoggingConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class WarmStartConfig:
+    """Supervised warm start on the built-in task's reference solutions, so that pass rates spread
+    over (0, 1) before RL. Cached by a hash of everything that determines its result."""
+    enabled: bool = option(True)
+    steps: int = option(400, ge=0)
+    batch_size: int = option(64, ge=1)
+    learning_rate: float = option(2e-3, gt=0)
+    warmup_steps: int = option(20, ge=0)
+    max_len: int = option(128, ge=8, doc="tokens per training sequence (prompt + solution + eos)")
+    cache_dir: str | None = option(None, doc="None: $PASSRATE_JAX_CACHE or ~/.cache/passrate-jax")
+
+
+@dataclasses.dataclass(frozen=True)
 class Config:
     """A whole run."""
     seed: int = option(0, ge=0)
     steps: int = option(50, ge=0, doc="training steps")
     eval_every: int = option(10, ge=1)
     model: ModelConfig = section(ModelConfig)
+    warm_start: WarmStartConfig = section(WarmStartConfig)
     data: DataConfig = section(DataConfig)
     sampling: SamplingConfig = section(SamplingConfig)
     allocation: AllocationConfig = section(AllocationConfig)

@@ -88,6 +88,12 @@ def _coerce(key: str, value: Any, tp) -> Any:
             raise ConfigError(f"{key} = {value!r}: expected an integer")
         return value
     if tp is float:
+        if isinstance(value, str):
+            # YAML 1.1 reads "3e-3" (no dot) as a string; accept any plain decimal float literal.
+            try:
+                value = float(value.strip()) if value.strip().lower() not in ("nan", "inf", "-inf", "+inf") else value
+            except ValueError:
+                pass
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{key} = {value!r}: expected a number")
         return float(value)
