@@ -93,3 +93,12 @@ def hf_checkpoint(tmp_path_factory):
         return cache[kind]
 
     return get
+
+
+# --- compile cache: identical programs built by different tests (every end-to-end run builds the same
+# sampler and update programs) compile once per machine instead of once per test.
+import os as _os
+import tempfile as _tempfile
+
+jax.config.update("jax_compilation_cache_dir", _os.path.join(_tempfile.gettempdir(), "passrate-jax-test-xla-cache"))
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)

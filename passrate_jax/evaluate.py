@@ -1,0 +1,62 @@
+"""Held-out evaluation: greedy accuracy (per difficulty level) and unbiased pass@k of sampled answers."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from math import comb
+
+import numpy as np
+
+from passrate_jax.sampling.config import SamplingConfig
+from passrate_jax.sampling.sampler import Context, Sampler
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from ``n`` samples with ``c`` correct (Chen et al. 2021): 1 - C(n-c, k) / C(n, k)."""
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"pass_at_k(n={n}, c={c}, k={k}): need 0 <= c <= n and 1 <= k <= n")
+    return 1.0 - comb(n - c, k) / comb(n, k)
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalPrompt:
+    """One held-out prompt: its token ids, a verifier of a decoded response, and a difficulty level."""
+    prompt_ids: Sequence[int]
+    verify: Callable[[str], float]
+    level: int = 0
+
+
+def evaluate(sampler: Sampler, params, prompts: Sequence[EvalPrompt], decode: Callable[[list[int]], str], *,
+             seed: int = 0, num_samples: int = 0, ks: Sequence[int] = (1,), temperature: float = 1.0,
+             batch_contexts: int = 64) -> dict:
+    """Greedy accuracy of ``params`` on ``prompts`` (overall and per level), plus pass@k for each k in ``ks``
+    from ``num_samples`` sampled answers per prompt when ``num_samples > 0``.
+
+    Returns ``{"accuracy": float, "accuracy_by_level": {level: float}, "pass@k": float, ...}``.
+    """
+    greedy_cfg = dataclasses.replace(sampler.cfg, temperature=0.0)
+    correct = np.zeros(len(prompts))
+    for start in range(0, len(prompts), batch_contexts):
+        chunk = prompts[start:start + batch_contexts]
+        result = sampler.generate([Context(p.prompt_ids, num_samples=1, context_id=start + i)
+                                   for i, p in enumerate(chunk)], seed=seed, params=params, cfg=greedy_cfg)
+        for row, ctx in enumerate(result.context_index):
+            correct[start + ctx] = chunk[ctx].verify(decode(result.completion(row)))
+    levels = np.asarray([p.level for p in prompts])
+    out = {"accuracy": float(correct.mean()) if len(prompts) else float("nan"),
+           "accuracy_by_level": {int(lv): float(correct[levels == lv].mean()) for lv in np.unique(levels)}}
+    if num_samples > 0:
+        sample_cfg: SamplingConfig = dataclasses.replace(sampler.cfg, temperature=temperature)
+        successes = np.zeros(len(prompts), int)
+        per_chunk = max(1, batch_contexts // num_samples)
+        for start in range(0, len(prompts), per_chunk):
+            chunk = prompts[start:start + per_chunk]
+            result = sampler.generate([Context(p.prompt_ids, num_samples=num_samples, context_id=start + i)
+                                       for i, p in enumerate(chunk)], seed=seed + 1, params=params, cfg=sample_cfg)
+            for row, ctx in enumerate(result.context_index):
+                successes[start + ctx] += chunk[ctx].verify(decode(result.completion(row))) > 0
+        for k in ks:
+            if k <= num_samples:
+                out[f"pass@{k}"] = float(np.mean([pass_at_k(num_samples, int(c), k) for c in successes]))
+    return out

@@ -1,0 +1,114 @@
+"""Everything a run builds from its config before the first step: mesh, tokenizer, prompt pool and
+held-out set, rewarder, model and sampler. Shared by ``train``, ``eval`` and ``sft``."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+from flax import nnx
+
+from passrate_jax.config import Config
+from passrate_jax.configlib import ConfigError
+from passrate_jax.data.formatting import PromptFormat
+from passrate_jax.data.rewards import Rewarder
+from passrate_jax.data.sources import PromptRecord, make_source
+from passrate_jax.evaluate import EvalPrompt, evaluate
+from passrate_jax.model import create_model
+from passrate_jax.sampling.sampler import Sampler
+from passrate_jax.sharding import make_mesh
+from passrate_jax.tokenizer import load_tokenizer
+
+
+@dataclasses.dataclass
+class Session:
+    cfg: Config
+    mesh: object
+    tokenizer: object
+    prompts: list[PromptRecord]
+    prompt_tokens: list[list[int]]
+    heldout: list[PromptRecord]
+    rewarder: Rewarder
+    model: nnx.Module
+    sampler: Sampler
+    source: object
+    log: object = print
+
+    @classmethod
+    def create(cls, cfg: Config, log=print) -> Session:
+        """Build the run's stages. The prompt pool is the source's first epoch (its rows in the seeded
+        order); the allocator keys its per-prompt state by position in this pool."""
+        mesh = make_mesh(cfg.mesh)
+        tokenizer = load_tokenizer(cfg.model.pretrained)
+        if cfg.model.pretrained is None and tokenizer.vocab_size > cfg.model.vocab_size:
+            raise ConfigError(f"model.vocab_size = {cfg.model.vocab_size}: the built-in tokenizer needs at least "
+                              f"{tokenizer.vocab_size}")
+        source = make_source(cfg.data)
+        if source.size is None:
+            raise ConfigError(f"data.train_size = {cfg.data.train_size}: allocation keeps per-prompt state, so the "
+                              "built-in task needs a finite prompt pool (e.g. data.train_size=2048)")
+        prompts = source.take(source.size)
+        fmt = PromptFormat.from_config(cfg.data)
+        add_bos = not fmt.chat and getattr(tokenizer, "bos_id", None) is not None
+        prompt_tokens = [tokenizer.encode(fmt.render(r.prompt, tokenizer), add_bos=add_bos) for r in prompts]
+        heldout = source.heldout(cfg.data.eval_size)
+        model = create_model(cfg.model, seed=cfg.seed, mesh=mesh)
+        eos = tokenizer.eos_id
+        stop = tuple(i for i in getattr(tokenizer, "stop_ids", ()) if i != eos)
+        sampling = dataclasses.replace(cfg.sampling, stop_token_ids=tuple(cfg.sampling.stop_token_ids) + stop)
+        sampler = Sampler(model, sampling, eos_id=eos, pad_id=tokenizer.pad_id, mesh=mesh)
+        session = cls(cfg, mesh, tokenizer, prompts, prompt_tokens, heldout, Rewarder.from_config(cfg.data), model,
+                      sampler, source, log)
+        session._fmt, session._add_bos = fmt, add_bos
+        return session
+
+    # --------------------------------------------------------------- parts
+    @property
+    def graphdef(self):
+        return nnx.split(self.model)[0]
+
+    @property
+    def params(self):
+        return nnx.split(self.model)[1]
+
+    @property
+    def newline_id(self) -> int | None:
+        ids = self.tokenizer.encode("\n")
+        return ids[0] if len(ids) == 1 else None
+
+    def prompt_ids(self, index: int) -> list[int]:
+        return self.prompt_tokens[index]
+
+    def decode(self, ids) -> str:
+        """Model output -> text; ids the tokenizer does not know (a padded vocabulary) are dropped."""
+        return self.tokenizer.decode([i for i in ids if 0 <= i < self.tokenizer.vocab_size])
+
+    def verify(self, prompt_indices, texts) -> np.ndarray:
+        return self.rewarder([self.prompts[i] for i in prompt_indices], texts)
+
+    def data_metrics(self) -> dict:
+        return {**self.source.metrics(), **{f"verifier/{k}": v for k, v in self.rewarder.metrics().items()}}
+
+    def warm_start(self, progress: bool = True) -> dict | None:
+        """The supervised warm start the config asks for (built-in tasks only); updates the model."""
+        if not self.cfg.warm_start.enabled or self.cfg.warm_start.steps == 0:
+            return None
+        if self.cfg.data.source != "builtin":
+            self.log("warm start: skipped (only the built-in tasks have reference solutions)")
+            return None
+        from passrate_jax.sft import run_warm_start
+        return run_warm_start(self.cfg, self.model, self.tokenizer, progress=progress, log=self.log)
+
+    def evaluate(self, params, *, seed: int = 0, num_samples: int = 0, ks=(1,)) -> dict:
+        """Greedy held-out accuracy (overall and per level) of ``params``; pass@k with ``num_samples``."""
+        def verifier(record):
+            return lambda text: float(self.rewarder([record], [text])[0])
+        prompts = [EvalPrompt(self.tokenizer.encode(self._fmt.render(r.prompt, self.tokenizer), add_bos=self._add_bos),
+                              verifier(r), int(r.metadata.get("level", 0))) for r in self.heldout]
+        if not prompts:
+            return {"accuracy": float("nan"), "accuracy_by_level": {}}
+        return evaluate(self.sampler, params, prompts, self.decode, seed=seed, num_samples=num_samples, ks=ks,
+                        temperature=self.cfg.sampling.temperature)
+
+    def close(self) -> None:
+        self.rewarder.close()

@@ -1,0 +1,135 @@
+"""Supervised warm start: next-token cross-entropy on the built-in tasks' step-by-step solutions.
+
+RL with binary rewards needs pass rates spread over (0, 1): a random model solves nothing and every
+group is saturated. A short supervised stage on reference solutions makes easy prompts mostly solved
+and hard ones rarely, which is the regime where allocation matters. The result is cached under a hash
+of everything that determines it, so later runs (and resumed runs) skip it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from passrate_jax.config import Config, WarmStartConfig
+from passrate_jax.configlib import to_dict
+from passrate_jax.data.tasks import TASKS, reference_solution
+from passrate_jax.rl.losses import token_logprobs
+
+
+def encode_example(tokenizer, prompt: str, response: str, max_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """``bos + prompt + response + eos`` padded to ``max_len``; the mask marks the response and eos
+    tokens (aligned with the tokens: token t is predicted from position t - 1)."""
+    p = tokenizer.encode(prompt, add_bos=True)
+    r = tokenizer.encode(response) + [tokenizer.eos_id]
+    if len(p) + len(r) > max_len:
+        raise ValueError(f"warm_start.max_len = {max_len}: an example needs {len(p) + len(r)} tokens "
+                         f"({prompt!r} + {response!r})")
+    tokens = np.full((max_len,), tokenizer.pad_id, np.int32)
+    mask = np.zeros((max_len,), np.float32)
+    tokens[:len(p) + len(r)] = p + r
+    mask[len(p):len(p) + len(r)] = 1.0
+    return tokens, mask
+
+
+def sft_batch(task_name: str, seed: int, step: int, batch_size: int, tokenizer, max_len: int):
+    """The training batch of ``step``: a pure function of (seed, step), so a warm start is reproducible."""
+    task = TASKS[task_name]
+    rows = [encode_example(tokenizer, p.prompt, reference_solution(p), max_len)
+            for p in (task.sample(seed, "train", step * batch_size + i) for i in range(batch_size))]
+    return np.stack([r[0] for r in rows]), np.stack([r[1] for r in rows])
+
+
+def sft_loss(graphdef, params, tokens_bt, mask_bt):
+    """Mean next-token cross-entropy (nats) over the masked (response) tokens."""
+    model = nnx.merge(graphdef, params)
+    logp, _ = token_logprobs(model(tokens_bt, attention_mask_bt=tokens_bt != 0), tokens_bt)
+    return -jnp.sum(jnp.where(mask_bt > 0, logp, 0.0)) / jnp.maximum(jnp.sum(mask_bt), 1.0)
+
+
+def make_sft_step(graphdef, optimizer: optax.GradientTransformation):
+    """A jitted ``(params, opt_state, tokens, mask) -> (params, opt_state, loss)`` with donated state."""
+    def step(params, opt_state, tokens_bt, mask_bt):
+        loss, grads = jax.value_and_grad(lambda p: sft_loss(graphdef, p, tokens_bt, mask_bt))(params)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+    return jax.jit(step, donate_argnums=(0, 1))
+
+
+def cache_key(cfg: Config) -> str:
+    """Hash of everything that determines the warm-start result (not its cache location)."""
+    ws = dataclasses.replace(cfg.warm_start, cache_dir=None)
+    blob = json.dumps({"model": to_dict(cfg.model), "warm_start": to_dict(ws), "task": cfg.data.task,
+                       "seed": cfg.seed, "version": 1}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def cache_path(cfg: Config) -> str:
+    root = cfg.warm_start.cache_dir or os.environ.get("PASSRATE_JAX_CACHE") or os.path.join(
+        os.path.expanduser("~"), ".cache", "passrate-jax")
+    return os.path.join(root, "warm_start", f"{cache_key(cfg)}.safetensors")
+
+
+def _flat(params) -> dict[str, np.ndarray]:
+    return {"/".join(str(getattr(k, "key", k)) for k in path): np.asarray(v)
+            for path, v in jax.tree_util.tree_leaves_with_path(params)}
+
+
+def _unflat(flat: dict[str, np.ndarray], like):
+    def load(path, leaf):
+        name = "/".join(str(getattr(k, "key", k)) for k in path)
+        return jnp.asarray(flat[name], dtype=leaf.dtype)
+    return jax.tree_util.tree_map_with_path(load, like)
+
+
+def run_warm_start(cfg: Config, model: nnx.Module, tokenizer, *, progress: bool = True,
+                   log=print) -> dict:
+    """Train ``model`` in place on the task's reference solutions, or load the cached result.
+
+    Returns a summary dict: ``cached`` (bool), ``steps``, ``final_loss`` (None when cached), ``path``.
+    """
+    from safetensors.numpy import load_file, save_file
+
+    ws: WarmStartConfig = cfg.warm_start
+    graphdef, params = nnx.split(model, nnx.Param)
+    path = cache_path(cfg)
+    if os.path.exists(path):
+        nnx.update(model, _unflat(load_file(path), params))
+        log(f"warm start: loaded cached weights from {path}")
+        return {"cached": True, "steps": ws.steps, "final_loss": None, "path": path}
+
+    schedule = optax.warmup_cosine_decay_schedule(0.0, ws.learning_rate, max(ws.warmup_steps, 1),
+                                                  max(ws.steps, ws.warmup_steps + 1), ws.learning_rate * 0.1)
+    optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=0.0))
+    opt_state = optimizer.init(params)
+    step_fn = make_sft_step(graphdef, optimizer)
+    bar = None
+    if progress:
+        from tqdm import tqdm
+        bar = tqdm(total=ws.steps, desc="warm start", unit="step", dynamic_ncols=True)
+    loss = None
+    for step in range(ws.steps):
+        tokens, mask = sft_batch(cfg.data.task, cfg.seed, step, ws.batch_size, tokenizer, ws.max_len)
+        params, opt_state, loss = step_fn(params, opt_state, tokens, mask)
+        if bar is not None:
+            bar.update(1)
+            if step % 20 == 0 or step == ws.steps - 1:
+                bar.set_postfix(loss=f"{float(loss):.3f}")
+    if bar is not None:
+        bar.close()
+    nnx.update(model, params)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}"
+    save_file(_flat(params), tmp)
+    os.replace(tmp, path)  # atomic: a killed warm start never leaves a half-written cache entry
+    final = None if loss is None else float(loss)
+    log(f"warm start: {ws.steps} steps, final loss {final}, cached at {path}")
+    return {"cached": False, "steps": ws.steps, "final_loss": final, "path": path}

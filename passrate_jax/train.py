@@ -1,0 +1,190 @@
+"""``passrate-jax train``: the main job. Builds every stage from the config, then runs steps of
+(allocation rounds -> update), with evaluation, metrics, progress bar and Orbax checkpoints.
+
+A run directory holds ``config.yaml``, ``metrics.jsonl``, TensorBoard events and ``checkpoints/``.
+``train`` on a directory that has a checkpoint resumes from it (and says so): parameters, optimizer,
+allocator / selection / controller states, the kept trajectories, and the step; every random draw of
+a step is a pure function of (seed, step, group, rollout index), so a resumed run repeats an
+uninterrupted one bit for bit on CPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import time
+
+import jax
+import numpy as np
+
+from passrate_jax.allocation import Allocator, state_from_dict, state_to_dict
+from passrate_jax.checkpoint import RunCheckpointer
+from passrate_jax.config import Config, dump_config
+from passrate_jax.configlib import ConfigError
+from passrate_jax.loop import collect_rollouts, rollout_metrics
+from passrate_jax.metrics import MetricsWriter
+from passrate_jax.rl.batch import make_train_batch
+from passrate_jax.rl.optimizer import make_optimizer
+from passrate_jax.rl.train_step import make_train_step
+from passrate_jax.rollouts import RolloutStore, batch_arrays, round_up
+from passrate_jax.session import Session
+
+WIDTH_BUCKETS = (64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192)
+# Wall-clock and compile counters differ between a resumed and an uninterrupted run by nature.
+NONDETERMINISTIC_METRICS = ("time/step_s", "time/rollout_s", "time/update_s", "time/eval_s", "time/total_s",
+                            "compilations/sampler", "compilations/update")
+
+
+def _step_seed(seed: int, step: int) -> int:
+    return (seed * 1_000_003 + step * 7_919 + 1) % (2 ** 31)
+
+
+class _StopRequest:
+    """First Ctrl-C: finish the current step, checkpoint, exit cleanly. Second: stop at once."""
+
+    def __init__(self):
+        self.requested = False
+        self._previous = None
+
+    def __enter__(self):
+        def handler(signum, frame):
+            if self.requested:
+                raise KeyboardInterrupt
+            self.requested = True
+        try:
+            self._previous = signal.signal(signal.SIGINT, handler)
+        except ValueError:  # not the main thread: no Ctrl-C handling
+            self._previous = None
+        return self
+
+    def __exit__(self, *exc):
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+
+
+def train(cfg: Config, run_dir: str, *, progress: bool = True, log=print) -> dict:
+    """Train (or resume) a run in ``run_dir``; returns a summary with the last metrics record."""
+    os.makedirs(run_dir, exist_ok=True)
+    session = Session.create(cfg, log=log)
+    alloc_cfg = cfg.allocation
+    rows_unit = alloc_cfg.num_prompts * alloc_cfg.group_size
+    shards = session.mesh.shape["data"] * session.mesh.shape["fsdp"] * cfg.rl.minibatches * cfg.rl.grad_accum
+    if rows_unit % shards:
+        raise ConfigError(f"allocation.num_prompts * group_size = {rows_unit}: must be divisible by mesh data * "
+                          f"fsdp * rl.minibatches * rl.grad_accum = {shards}")
+    allocator = Allocator(alloc_cfg, cfg.prefix_sampling, num_prompts=len(session.prompts))
+    store = RolloutStore(session.prompt_ids, session.newline_id)
+    alloc_state = allocator.init(jax.random.key_data(jax.random.key(cfg.seed)))
+    optimizer = make_optimizer(cfg.optimizer)
+    fns = make_train_step(session.graphdef, session.params, cfg.rl, optimizer, session.mesh)
+    ckpt = RunCheckpointer(run_dir, keep=cfg.checkpoint.keep, async_save=cfg.checkpoint.async_save)
+    start, rollouts_total = 0, 0
+    resume_from = ckpt.latest_step()
+    if resume_from is None:
+        session.warm_start(progress=progress)
+        with open(os.path.join(run_dir, "config.yaml"), "w") as f:
+            f.write(dump_config(cfg))
+    params = jax.device_put(session.params, fns.param_shardings)
+    opt_state = fns.init(params)
+    if resume_from is not None:
+        target = {"params": params, "opt_state": opt_state, "allocator": state_to_dict(alloc_state)}
+        state, meta = ckpt.restore(resume_from, target)
+        params, opt_state = state["params"], state["opt_state"]
+        alloc_state = state_from_dict(state["allocator"], alloc_state)
+        store.load_json(meta["store"])
+        start, rollouts_total = int(meta["step"]), int(meta["rollouts_total"])
+        log(f"resuming {run_dir} from the checkpoint of step {start}")
+    writer = MetricsWriter(run_dir, tensorboard=cfg.logging.tensorboard, truncate_after=start)
+
+    def save(step):
+        ckpt.save(step, {"params": params, "opt_state": opt_state, "allocator": state_to_dict(alloc_state)},
+                  {"step": step, "rollouts_total": rollouts_total, "store": store.to_json()})
+
+    bar = None
+    if progress and cfg.logging.progress_bar:
+        from tqdm import tqdm
+        bar = tqdm(total=cfg.steps, initial=start, desc="train", unit="step", dynamic_ncols=True)
+    record: dict = {}
+    t_run = time.perf_counter()
+    with _StopRequest() as stop:
+        step = start
+        for step in range(start + 1, cfg.steps + 1):
+            t0 = time.perf_counter()
+            ro = collect_rollouts(allocator, alloc_state, store, session.sampler, params,
+                                  seed=_step_seed(cfg.seed, step), max_new_tokens=cfg.sampling.max_new_tokens,
+                                  decode=session.decode, verify=session.verify)
+            t1 = time.perf_counter()
+            record = {"step": step, **rollout_metrics(allocator, ro)}
+            rollouts_total += ro.result.rollouts_spent
+            record["rollouts_total"] = rollouts_total
+            groups = ro.result.groups
+            if groups:
+                arrays = batch_arrays(store, groups, rows=round_up(sum(len(g.rewards) for g in groups),
+                                                                     [rows_unit * k for k in (1, 2, 4, 8)]),
+                                      width_buckets=WIDTH_BUCKETS, pad_id=session.tokenizer.pad_id)
+                batch = make_train_batch(arrays["tokens"], arrays["attention_mask"], arrays["loss_mask"],
+                                         arrays["rewards"], arrays["group_ids"], estimator=cfg.rl.advantage)
+                batch = jax.device_put(batch, fns.batch_sharding)
+                params, opt_state, update = fns.step(params, opt_state, batch,
+                                                     jax.random.fold_in(jax.random.key(cfg.seed), step))
+                record.update({f"update/{k}": v for k, v in jax.device_get(update).items()})
+                if record["update/skipped_steps"] > 0:
+                    log(f"step {step}: update skipped (non-finite loss or gradient); "
+                        f"{int(record['update/total_skipped_steps'])} skipped so far")
+            alloc_state = ro.state
+            store.retain(ro.result.retained_keys)
+            t2 = time.perf_counter()
+            if step % cfg.eval_every == 0 or step == cfg.steps:
+                ev = session.evaluate(params, seed=cfg.seed)
+                record["eval_accuracy"] = ev["accuracy"]
+                record.update({f"eval_accuracy/level_{k}": v for k, v in ev["accuracy_by_level"].items()})
+            record.update({"time/rollout_s": t1 - t0, "time/update_s": t2 - t1,
+                           "time/step_s": time.perf_counter() - t0, "time/total_s": time.perf_counter() - t_run,
+                           "compilations/sampler": session.sampler.compilations,
+                           "compilations/update": fns.step._cache_size()})
+            record.update(session.data_metrics())
+            writer.write(record)
+            if step % cfg.checkpoint.every_steps == 0 or step == cfg.steps:
+                save(step)
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix({k: f"{record[v]:.2f}" for k, v in (
+                    ("acc", "train_accuracy"), ("valid", "valid_group_fraction"),
+                    ("useful", "useful_rollout_fraction"), ("eval", "eval_accuracy")) if v in record
+                    and record[v] == record[v]}, refresh=False)
+            if stop.requested:
+                if step % cfg.checkpoint.every_steps:
+                    save(step)
+                log(f"interrupted: checkpoint of step {step} saved in {run_dir}; run train again to resume")
+                break
+    if bar is not None:
+        bar.close()
+    ckpt.close()
+    writer.close()
+    session.close()
+    return {"step": step, "last": record, "run_dir": run_dir, "params": params}
+
+
+def add_subparser(subparsers) -> None:
+    from passrate_jax.cli import add_config_arguments
+    p = subparsers.add_parser("train", help="train (or resume) a run")
+    add_config_arguments(p)
+    p.add_argument("--run-dir", default=None, help="default: runs/<config name>")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from passrate_jax.config import load_config
+    cfg = load_config(args.config, args.overrides)
+    name = os.path.splitext(os.path.basename(args.config))[0] if args.config else "default"
+    run_dir = args.run_dir or os.path.join("runs", name)
+    summary = train(cfg, run_dir, progress=not args.no_progress)
+    last = summary["last"]
+    if last:
+        shown = {k: last[k] for k in ("step", "rollouts_total", "train_accuracy", "valid_group_fraction",
+                                      "useful_rollout_fraction", "eval_accuracy") if k in last}
+        print(f"run {run_dir}: " + ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
+                                               for k, v in shown.items()))
+    return 0

@@ -1,0 +1,162 @@
+"""End-to-end training runs on a tiny model: every allocation method with Prefix Sampling on and off,
+exact resume after SIGKILL, Ctrl-C, compile counts, bad config before compute.
+
+The verifier is replaced by a deterministic pseudo-random one (a hash of the response) so that groups
+are mixed and every path (abandon, confirm, pilot buffer, PS replay, update) runs on a model too
+small to solve anything; the real verifiers are tested in test_tasks.py and test_data_*.py.
+"""
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from passrate_jax.config import load_config
+from passrate_jax.metrics import read_jsonl
+from passrate_jax.session import Session
+from passrate_jax.train import NONDETERMINISTIC_METRICS, train
+
+TINY = ["model.hidden_size=32", "model.intermediate_size=64", "model.num_layers=1", "model.num_heads=2",
+        "model.num_kv_heads=1", "model.max_position_embeddings=128", "warm_start.enabled=false",
+        "data.train_size=64", "data.eval_size=4", "data.level=1", "sampling.max_new_tokens=12",
+        "sampling.row_buckets=[32]", "sampling.prefill_row_buckets=[16]", "sampling.context_buckets=[16]",
+        "sampling.generation_buckets=[16]", "allocation.num_prompts=2", "allocation.group_size=4",
+        "logging.tensorboard=false", "logging.progress_bar=false", "eval_every=2", "checkpoint.async_save=false"]
+
+
+def hash_reward(prompt_indices, texts):
+    """1 for about half of all responses, decided by the text alone (deterministic across processes)."""
+    return np.asarray([hashlib.blake2b(f"{i}|{t}".encode(), digest_size=1).digest()[0] % 2
+                       for i, t in zip(prompt_indices, texts)], np.float32)
+
+
+@pytest.fixture
+def fake_verifier(monkeypatch):
+    monkeypatch.setattr(Session, "verify", lambda self, idx, texts: hash_reward(idx, texts))
+
+
+@pytest.mark.parametrize("method, ps, selection", [
+    ("uniform", False, "none"), ("uniform", True, "mopps"), ("ds", False, "none"), ("ds", True, "dps"),
+    ("sara", False, "dps"), ("sara", True, "none"), ("pilot_commit", False, "mopps"), ("pilot_commit", True, "none"),
+])
+def test_every_method_trains(tmp_path, fake_verifier, method, ps, selection):
+    cfg = load_config(None, TINY + ["steps=3", f"allocation.method={method}", f"prefix_sampling.enabled={ps}",
+                                    f"allocation.selection.method={selection}"])
+    summary = train(cfg, str(tmp_path), progress=False, log=lambda *a: None)
+    records = read_jsonl(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in records] == [1, 2, 3]
+    assert all(r["rollouts_step"] > 0 for r in records)
+    assert records[-1]["rollouts_total"] == sum(r["rollouts_step"] for r in records)
+    assert "eval_accuracy" in records[1] and "eval_accuracy" in records[2]
+    trained = [r for r in records if r["groups_trained"] > 0]
+    assert trained, "no step trained on any group"
+    assert all(np.isfinite(r["update/loss"]) for r in trained)
+    assert all(0 <= r["useful_rollout_fraction"] <= 1 for r in records)
+    if ps:
+        assert "ps/ratio/1" in records[0]
+    # Compilation counts do not grow once every bucket has been seen.
+    assert records[-1]["compilations/update"] <= 2
+    assert summary["step"] == 3
+
+
+def test_prefix_sampling_replays_with_masked_prefix(tmp_path, fake_verifier):
+    cfg = load_config(None, TINY + ["steps=4", "allocation.method=uniform", "prefix_sampling.enabled=true",
+                                    "allocation.num_prompts=4"])
+    train(cfg, str(tmp_path), progress=False, log=lambda *a: None)
+    records = read_jsonl(tmp_path / "metrics.jsonl")
+    assert sum(r["replay_groups"] for r in records) > 0
+    assert any(k.startswith("ps/pass_rate/") for r in records for k in r)
+
+
+def _train_cmd(run_dir, steps):
+    overrides = TINY + [f"steps={steps}", "allocation.method=sara", "prefix_sampling.enabled=true",
+                        "checkpoint.every_steps=1"]
+    code = ("import sys, tests.test_train_e2e as t; from passrate_jax.session import Session;"
+            "Session.verify = lambda self, i, x: t.hash_reward(i, x);"
+            "from passrate_jax.cli import main; sys.exit(main(sys.argv[1:]))")
+    return [sys.executable, "-c", code, "train", "--run-dir", str(run_dir), "--no-progress", *overrides]
+
+
+def _final_params(run_dir):
+    from passrate_jax.checkpoint import RunCheckpointer
+    ckpt = RunCheckpointer(run_dir)
+    step = ckpt.latest_step()
+    path = os.path.join(ckpt.path, str(step), "state")
+    ckpt.close()
+    return step, path
+
+
+def _comparable(records):
+    return [{k: v for k, v in r.items() if k not in NONDETERMINISTIC_METRICS} for r in records]
+
+
+def test_sigkill_then_resume_equals_uninterrupted_run(tmp_path):
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=root)
+    k = 2
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    subprocess.run(_train_cmd(full, 2 * k), check=True, cwd=root, env=env, timeout=600, capture_output=True)
+    # The interrupted run: SIGKILL as soon as step k's metrics are written (its checkpoint may or may
+    # not be complete: either way the resume must repeat the uninterrupted run exactly).
+    proc = subprocess.Popen(_train_cmd(cut, 2 * k), cwd=root, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)
+    deadline = time.time() + 600
+    metrics = cut / "metrics.jsonl"
+    while time.time() < deadline and proc.poll() is None:
+        if metrics.exists() and len(read_jsonl(metrics)) >= k:
+            proc.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.05)
+    proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+    out = subprocess.run(_train_cmd(cut, 2 * k), check=True, cwd=root, env=env, timeout=600,
+                         capture_output=True, text=True)
+    assert "resuming" in out.stdout + out.stderr
+    a, b = read_jsonl(full / "metrics.jsonl"), read_jsonl(cut / "metrics.jsonl")
+    assert [r["step"] for r in b] == list(range(1, 2 * k + 1))
+    assert _comparable(a) == _comparable(b)
+    from passrate_jax.checkpoint import RunCheckpointer
+    import jax
+    import orbax.checkpoint as ocp
+    trees = []
+    for d in (full, cut):
+        ckpt = RunCheckpointer(d)
+        assert ckpt.latest_step() == 2 * k
+        restored = ckpt._manager.restore(2 * k, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
+        trees.append(jax.tree.leaves(restored.state["params"]))
+        ckpt.close()
+    for x, y in zip(*trees):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_sigint_saves_and_exits_cleanly(tmp_path):
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=root)
+    proc = subprocess.Popen(_train_cmd(tmp_path, 1000), cwd=root, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    metrics = tmp_path / "metrics.jsonl"
+    deadline = time.time() + 600
+    while time.time() < deadline and not (metrics.exists() and read_jsonl(metrics)):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out
+    assert "interrupted: checkpoint of step" in out
+    last = read_jsonl(metrics)[-1]["step"]
+    from passrate_jax.checkpoint import RunCheckpointer
+    ckpt = RunCheckpointer(tmp_path)
+    assert ckpt.latest_step() == last
+    ckpt.close()
+
+
+def test_bad_config_fails_before_compute(tmp_path, capsys):
+    from passrate_jax.cli import main
+    assert main(["train", "--run-dir", str(tmp_path), "allocation.method=sarah"]) == 2
+    assert "did you mean 'sara'" in capsys.readouterr().err
+    assert not os.path.exists(tmp_path / "metrics.jsonl")
