@@ -11,7 +11,9 @@ from passrate_jax.configlib import option
 @dataclasses.dataclass(frozen=True)
 class RLConfig:
     """GRPO-family loss and PPO loop settings."""
-    advantage: Literal["grpo", "dr_grpo", "rloo"] = option("grpo")
+    advantage: Literal["grpo", "dr_grpo", "rloo"] = option(
+        "grpo", doc="grpo: (r - mean) / (std + eps); dr_grpo: r - mean; rloo: r - leave-one-out mean")
+    advantage_eps: float = option(1e-6, gt=0, doc="added to the group reward std (grpo)")
     loss_aggregation: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = option(
         "token_mean", doc="DAPO token-mean, GRPO seq-mean-token-mean, Dr.GRPO seq-mean-token-sum / constant")
     loss_norm_constant: float = option(256.0, gt=0, doc="Dr.GRPO normaliser (tokens)")
@@ -20,9 +22,9 @@ class RLConfig:
     dual_clip: float | None = option(None, gt=1, doc="dual-clip constant c > 1 for negative advantages")
     kl_coef: float = option(0.0, ge=0)
     kl_estimator: Literal["k1", "k3"] = option("k3")
-    ppo_epochs: int = option(1, ge=1)
-    minibatches: int = option(1, ge=1)
-    grad_accum: int = option(1, ge=1)
+    ppo_epochs: int = option(1, ge=1, doc="passes over the batch per training step")
+    minibatches: int = option(1, ge=1, doc="optimizer updates per epoch (rows reshuffled each epoch)")
+    grad_accum: int = option(1, ge=1, doc="micro-batches per update (memory only; same result)")
     recompute_old_logprobs: bool = option(True, doc="False: take the sampler's logprobs")
 
 
@@ -30,8 +32,9 @@ class RLConfig:
 class OptimizerConfig:
     """AdamW with warm-up + cosine decay and global-norm clipping."""
     learning_rate: float = option(1e-4, gt=0)
-    warmup_steps: int = option(0, ge=0)
-    decay_steps: int = option(0, ge=0, doc="0: constant after warm-up")
+    warmup_steps: int = option(0, ge=0, doc="linear warm-up from 0, in optimizer updates")
+    decay_steps: int = option(0, ge=0, doc="cosine decay length in optimizer updates after warm-up; "
+                              "0: constant after warm-up")
     final_lr_fraction: float = option(0.1, ge=0, le=1)
     weight_decay: float = option(0.0, ge=0)
     b1: float = option(0.9, ge=0, lt=1)
