@@ -67,7 +67,7 @@ def collect_rollouts(allocator: Allocator, state: AllocatorState, store: Rollout
 
 
 def rollout_metrics(allocator: Allocator, rollouts: StepRollouts) -> dict:
-    """Per-step counters: rollouts spent, valid groups, useful-rollout fraction, pass-rate histogram of the
+    """Per-step counters: rollouts spent, valid groups, useful rollouts, pass-rate histogram of the
     trained groups, and per Prefix Sampling bucket (named by its success count) the re-rollout pass rate,
     the controller's ratio and EMA."""
     r, n = rollouts.result, allocator.cfg.group_size
@@ -82,7 +82,9 @@ def rollout_metrics(allocator: Allocator, rollouts: StepRollouts) -> dict:
         "groups_trained": len(r.groups),
         "valid_groups": len(valid),
         "valid_group_fraction": len(valid) / allocator.cfg.num_prompts,
-        "useful_rollout_fraction": sum(len(g.rewards) for g in valid) / max(r.rollouts_spent, 1),
+        # Rollouts landing in trained valid groups; Pilot-Commit's pilots and ideal DS's surplus were
+        # spent in earlier steps, so only the run's cumulative ratio is bounded by 1 (see train.py).
+        "useful_rollouts": sum(len(g.rewards) for g in valid),
         "abandoned": len(r.abandoned),
         "train_accuracy": float(np.mean(rollouts.rewards)) if rollouts.rewards else float("nan"),
         "truncated_rollouts": rollouts.truncated,

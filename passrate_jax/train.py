@@ -79,7 +79,7 @@ def train(cfg: Config, run_dir: str, *, progress: bool = True, log=print) -> dic
     optimizer = make_optimizer(cfg.optimizer)
     fns = make_train_step(session.graphdef, session.params, cfg.rl, optimizer, session.mesh)
     ckpt = RunCheckpointer(run_dir, keep=cfg.checkpoint.keep, async_save=cfg.checkpoint.async_save)
-    start, rollouts_total = 0, 0
+    start, rollouts_total, useful_total = 0, 0, 0
     resume_from = ckpt.latest_step()
     if resume_from is None:
         session.warm_start(progress=progress)
@@ -93,13 +93,14 @@ def train(cfg: Config, run_dir: str, *, progress: bool = True, log=print) -> dic
         params, opt_state = state["params"], state["opt_state"]
         alloc_state = state_from_dict(state["allocator"], alloc_state)
         store.load_json(meta["store"])
-        start, rollouts_total = int(meta["step"]), int(meta["rollouts_total"])
+        start, rollouts_total, useful_total = int(meta["step"]), int(meta["rollouts_total"]), int(meta["useful_total"])
         log(f"resuming {run_dir} from the checkpoint of step {start}")
     writer = MetricsWriter(run_dir, tensorboard=cfg.logging.tensorboard, truncate_after=start)
 
     def save(step):
         ckpt.save(step, {"params": params, "opt_state": opt_state, "allocator": state_to_dict(alloc_state)},
-                  {"step": step, "rollouts_total": rollouts_total, "store": store.to_json()})
+                  {"step": step, "rollouts_total": rollouts_total, "useful_total": useful_total,
+                   "store": store.to_json()})
 
     bar = None
     if progress and cfg.logging.progress_bar:
@@ -117,7 +118,10 @@ def train(cfg: Config, run_dir: str, *, progress: bool = True, log=print) -> dic
             t1 = time.perf_counter()
             record = {"step": step, **rollout_metrics(allocator, ro)}
             rollouts_total += ro.result.rollouts_spent
+            useful_total += record["useful_rollouts"]
             record["rollouts_total"] = rollouts_total
+            # Useful-rollout fraction of the run so far: rollouts in trained valid groups / all spent.
+            record["useful_rollout_fraction"] = useful_total / max(rollouts_total, 1)
             groups = ro.result.groups
             if groups:
                 arrays = batch_arrays(store, groups, rows=round_up(sum(len(g.rewards) for g in groups),

@@ -46,8 +46,10 @@ def fake_verifier(monkeypatch):
     ("sara", False, "dps"), ("sara", True, "none"), ("pilot_commit", False, "mopps"), ("pilot_commit", True, "none"),
 ])
 def test_every_method_trains(tmp_path, fake_verifier, method, ps, selection):
-    cfg = load_config(None, TINY + ["steps=3", f"allocation.method={method}", f"prefix_sampling.enabled={ps}",
-                                    f"allocation.selection.method={selection}"])
+    # Pilot-Commit's pilot is a quarter of the group: 2 rollouts at N = 8 can land in the pilot band.
+    size = ["allocation.group_size=8"] if method == "pilot_commit" else []
+    cfg = load_config(None, TINY + size + ["steps=3", f"allocation.method={method}", f"prefix_sampling.enabled={ps}",
+                                           f"allocation.selection.method={selection}"])
     summary = train(cfg, str(tmp_path), progress=False, log=lambda *a: None)
     records = read_jsonl(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in records] == [1, 2, 3]

@@ -68,6 +68,16 @@ class AllocationConfig:
     pilot_commit: PilotCommitConfig = section(PilotCommitConfig)
     selection: SelectionConfig = section(SelectionConfig)
 
+    def validate(self) -> None:
+        if self.method == "pilot_commit":
+            pc = self.pilot_commit
+            n_p = int(min(max(round(pc.pilot_fraction * self.group_size), 1), self.group_size - 1))
+            if not any(pc.p_low <= s / n_p <= 1 - pc.p_high for s in range(n_p + 1)):
+                raise ConfigError(
+                    f"pilot_commit.pilot_fraction = {pc.pilot_fraction}: with group_size = {self.group_size} the "
+                    f"pilot has {n_p} rollout(s) and no pilot pass rate lies in [p_low, 1 - p_high] = "
+                    f"[{pc.p_low}, {1 - pc.p_high}], so nothing would ever be committed")
+
 
 @dataclasses.dataclass(frozen=True)
 class PrefixSamplingConfig:
