@@ -33,9 +33,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="passrate-jax", description=__doc__.splitlines()[0])
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _info_subparser(subparsers)
-    from passrate_jax import plot, train
+    from passrate_jax import commands, plot, train
     from passrate_jax.allocation import simulate
     train.add_subparser(subparsers)
+    commands.add_subparsers(subparsers)
     simulate.add_subparser(subparsers)
     plot.add_subparser(subparsers)
     return parser

@@ -83,8 +83,12 @@ class Session:
         """Model output -> text; ids the tokenizer does not know (a padded vocabulary) are dropped."""
         return self.tokenizer.decode([i for i in ids if 0 <= i < self.tokenizer.vocab_size])
 
+    def score(self, records, texts) -> np.ndarray:
+        """Rewards of responses ``texts`` to prompt records (the one place a run calls its verifier)."""
+        return self.rewarder(records, texts)
+
     def verify(self, prompt_indices, texts) -> np.ndarray:
-        return self.rewarder([self.prompts[i] for i in prompt_indices], texts)
+        return self.score([self.prompts[i] for i in prompt_indices], texts)
 
     def data_metrics(self) -> dict:
         return {**self.source.metrics(), **{f"verifier/{k}": v for k, v in self.rewarder.metrics().items()}}
@@ -102,7 +106,7 @@ class Session:
     def evaluate(self, params, *, seed: int = 0, num_samples: int = 0, ks=(1,)) -> dict:
         """Greedy held-out accuracy (overall and per level) of ``params``; pass@k with ``num_samples``."""
         def verifier(record):
-            return lambda text: float(self.rewarder([record], [text])[0])
+            return lambda text: float(self.score([record], [text])[0])
         prompts = [EvalPrompt(self.tokenizer.encode(self._fmt.render(r.prompt, self.tokenizer), add_bos=self._add_bos),
                               verifier(r), int(r.metadata.get("level", 0))) for r in self.heldout]
         if not prompts:

@@ -30,15 +30,15 @@ TINY = ["model.hidden_size=32", "model.intermediate_size=64", "model.num_layers=
         "logging.tensorboard=false", "logging.progress_bar=false", "eval_every=2", "checkpoint.async_save=false"]
 
 
-def hash_reward(prompt_indices, texts):
-    """1 for about half of all responses, decided by the text alone (deterministic across processes)."""
-    return np.asarray([hashlib.blake2b(f"{i}|{t}".encode(), digest_size=1).digest()[0] % 2
-                       for i, t in zip(prompt_indices, texts)], np.float32)
+def hash_reward(records, texts):
+    """1 for about half of all responses, decided by prompt and text alone (deterministic across processes)."""
+    return np.asarray([hashlib.blake2b(f"{r.prompt}|{t}".encode(), digest_size=1).digest()[0] % 2
+                       for r, t in zip(records, texts)], np.float32)
 
 
 @pytest.fixture
 def fake_verifier(monkeypatch):
-    monkeypatch.setattr(Session, "verify", lambda self, idx, texts: hash_reward(idx, texts))
+    monkeypatch.setattr(Session, "score", lambda self, records, texts: hash_reward(records, texts))
 
 
 @pytest.mark.parametrize("method, ps, selection", [
@@ -80,7 +80,7 @@ def _train_cmd(run_dir, steps):
     overrides = TINY + [f"steps={steps}", "allocation.method=sara", "prefix_sampling.enabled=true",
                         "checkpoint.every_steps=1"]
     code = ("import sys, tests.test_train_e2e as t; from passrate_jax.session import Session;"
-            "Session.verify = lambda self, i, x: t.hash_reward(i, x);"
+            "Session.score = lambda self, r, x: t.hash_reward(r, x);"
             "from passrate_jax.cli import main; sys.exit(main(sys.argv[1:]))")
     return [sys.executable, "-c", code, "train", "--run-dir", str(run_dir), "--no-progress", *overrides]
 
@@ -162,3 +162,18 @@ def test_bad_config_fails_before_compute(tmp_path, capsys):
     assert main(["train", "--run-dir", str(tmp_path), "allocation.method=sarah"]) == 2
     assert "did you mean 'sara'" in capsys.readouterr().err
     assert not os.path.exists(tmp_path / "metrics.jsonl")
+
+
+def test_eval_cli_reproduces_final_eval(tmp_path, fake_verifier, capsys):
+    """``passrate-jax eval`` on a finished run restores its last parameters: greedy held-out accuracy
+    (here under the fake verifier) equals the run's own final evaluation."""
+    from passrate_jax.cli import main
+    cfg = load_config(None, TINY + ["steps=2", "allocation.method=uniform", "data.eval_size=8"])
+    train(cfg, str(tmp_path), progress=False, log=lambda *a: None)
+    final = read_jsonl(tmp_path / "metrics.jsonl")[-1]
+    capsys.readouterr()
+    assert main(["eval", "--run-dir", str(tmp_path), "--num-samples", "2", "--k", "1,2", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["step"] == 2 and result["heldout_prompts"] == 8
+    assert result["accuracy"] == final["eval_accuracy"] and 0 < result["accuracy"] < 1
+    assert 0 <= result["pass@1"] <= result["pass@2"] <= 1

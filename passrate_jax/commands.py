@@ -1,0 +1,94 @@
+"""``passrate-jax eval`` and ``passrate-jax sft``: evaluate a run's latest checkpoint on the held-out
+prompts, and run (or load from its cache) the supervised warm start on its own."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from passrate_jax.cli import add_config_arguments
+from passrate_jax.configlib import ConfigError
+
+
+def load_run_params(run_dir: str, session, step: int | None = None):
+    """The parameters of checkpoint ``step`` (default: the latest) of ``run_dir``, in the session's
+    model structure and shardings."""
+    import jax
+    import orbax.checkpoint as ocp
+    from flax import nnx
+
+    from passrate_jax.checkpoint import RunCheckpointer
+    ckpt = RunCheckpointer(run_dir)
+    step = ckpt.latest_step() if step is None else step
+    if step is None:
+        ckpt.close()
+        raise FileNotFoundError(f"{run_dir!r} has no complete checkpoint to evaluate")
+    restored = ckpt._manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
+    ckpt.close()
+    def unwrap(tree):
+        # Orbax stores each nnx Variable as {"value": array}; nnx's pure dicts hold the arrays.
+        if isinstance(tree, dict):
+            return unwrap(tree["value"]) if set(tree) == {"value"} else {k: unwrap(v) for k, v in tree.items()}
+        return tree
+
+    params = session.params
+    nnx.replace_by_pure_dict(params, unwrap(restored.state["params"]))
+    return step, jax.device_put(params, session.sampler.param_shardings)
+
+
+def add_subparsers(subparsers) -> None:
+    p = subparsers.add_parser("eval", help="held-out accuracy and pass@k of a run's latest checkpoint")
+    p.add_argument("--run-dir", required=True)
+    p.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
+    p.add_argument("--num-samples", type=int, default=8, help="samples per prompt for pass@k (0: greedy only)")
+    p.add_argument("--k", type=lambda t: [int(x) for x in t.split(",")], default=[1, 4, 8],
+                   help="comma-separated k values of pass@k (default 1,4,8)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("overrides", nargs="*", metavar="key.sub=value", help="e.g. data.eval_size=512")
+    p.set_defaults(func=run_eval)
+
+    p = subparsers.add_parser("sft", help="run the supervised warm start (or load it from the cache)")
+    add_config_arguments(p)
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=run_sft)
+
+
+def run_eval(args) -> int:
+    from passrate_jax.config import load_config
+    path = os.path.join(args.run_dir, "config.yaml")
+    if not os.path.exists(path):
+        raise ConfigError(f"{path} does not exist: is {args.run_dir!r} a run directory?")
+    cfg = load_config(path, args.overrides)
+    from passrate_jax.session import Session
+    session = Session.create(cfg, log=lambda *a: None)
+    step, params = load_run_params(args.run_dir, session, args.step)
+    result = session.evaluate(params, seed=cfg.seed, num_samples=args.num_samples, ks=args.k)
+    session.close()
+    result = {"step": step, "heldout_prompts": len(session.heldout), **result}
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"{args.run_dir} step {step}: greedy held-out accuracy {result['accuracy']:.4f} on "
+              f"{result['heldout_prompts']} prompts")
+        for level, acc in result["accuracy_by_level"].items():
+            print(f"  level {level}: {acc:.4f}")
+        for k in args.k:
+            if f"pass@{k}" in result:
+                print(f"  pass@{k}: {result[f'pass@{k}']:.4f}")
+    return 0
+
+
+def run_sft(args) -> int:
+    from passrate_jax.config import load_config
+    cfg = load_config(args.config, args.overrides)
+    from passrate_jax.session import Session
+    session = Session.create(cfg)
+    summary = session.warm_start(progress=not args.no_progress)
+    if summary is None:
+        print("warm start disabled by the config (warm_start.enabled / steps / data.source)")
+    else:
+        ev = session.evaluate(session.params, seed=cfg.seed)
+        print(f"greedy held-out accuracy after the warm start: {ev['accuracy']:.4f}; by level: "
+              + ", ".join(f"{k}: {v:.2f}" for k, v in ev["accuracy_by_level"].items()))
+    session.close()
+    return 0
