@@ -101,3 +101,16 @@ def test_cli_bad_config_fails_before_compute():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert "did you mean allocation.method" in proc.stderr
+
+
+def test_base_presets_merge_section_by_section(tmp_path):
+    (tmp_path / "a.yaml").write_text("steps: 7\nallocation: {method: sara, num_prompts: 4}\n")
+    (tmp_path / "b.yaml").write_text("base: a.yaml\nallocation: {method: ds}\n")
+    cfg = load_config(tmp_path / "b.yaml")
+    assert (cfg.steps, cfg.allocation.method, cfg.allocation.num_prompts) == (7, "ds", 4)
+    (tmp_path / "c.yaml").write_text("base: c.yaml\n")
+    with pytest.raises(ConfigError, match="circular base"):
+        load_config(tmp_path / "c.yaml")
+    (tmp_path / "d.yaml").write_text("base: missing.yaml\n")
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "d.yaml")
