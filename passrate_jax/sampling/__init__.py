@@ -1,0 +1,24 @@
+"""Rollout sampling: static-shape KV cache, one prefill per distinct context, jitted and sharded.
+
+Host API: :class:`Sampler`, :class:`Context`, :class:`SampleResult`, :func:`training_rows`.
+Functional core (no jit inside): :mod:`passrate_jax.sampling.core` (``prefill``, ``decode``) and
+:mod:`passrate_jax.sampling.distributions` (``filter_logits``, ``sample_tokens``).
+"""
+
+import importlib
+
+from passrate_jax.sampling.config import SamplingConfig
+
+# passrate_jax.config imports sampling.config while the sampler imports passrate_jax.config (via
+# sharding): the heavy names load on first use so that importing the config tree stays acyclic.
+_LAZY = {"Sampler": "sampler", "Context": "sampler", "SampleResult": "sampler", "training_rows": "sampler",
+         "bucket": "sampler", "filter_logits": "distributions", "sample_tokens": "distributions"}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"passrate_jax.sampling.{_LAZY[name]}"), name)
+    raise AttributeError(f"module 'passrate_jax.sampling' has no attribute {name!r}")
+
+
+__all__ = ["SamplingConfig", *_LAZY]

@@ -9,7 +9,12 @@ from passrate_jax.configlib import ConfigError, option
 
 @dataclasses.dataclass(frozen=True)
 class SamplingConfig:
-    """Rollout sampling controls and the padding buckets that bound the number of compiled programs."""
+    """Rollout sampling controls and the padding buckets that bound the number of compiled programs.
+
+    Every batch is padded up to a bucket in each dimension (decode rows, prefill rows, context length,
+    generation length), so a whole run compiles at most one prefill and one decode program per bucket
+    combination. A size above the largest bucket is rounded up to a multiple of the largest bucket.
+    """
     temperature: float = option(1.0, ge=0, doc="0 means greedy")
     top_k: int = option(0, ge=0, doc="0 disables top-k")
     top_p: float = option(1.0, gt=0, le=1, doc="1 disables nucleus sampling")
@@ -17,9 +22,13 @@ class SamplingConfig:
     stop_token_ids: tuple[int, ...] = option((), doc="extra stop ids besides the tokenizer's EOS")
     row_buckets: tuple[int, ...] = option((64, 128, 256), ge=1, doc="batch-row padding buckets")
     context_buckets: tuple[int, ...] = option((32, 64, 128, 256), ge=1, doc="context-length padding buckets")
+    prefill_row_buckets: tuple[int, ...] = option(
+        (8, 16, 32, 64, 128, 256), ge=1, doc="padding buckets for the number of distinct contexts prefilled")
+    generation_buckets: tuple[int, ...] = option(
+        (64, 128, 256, 512, 1024, 2048), ge=1, doc="padding buckets for max new tokens (output buffer length)")
 
     def validate(self) -> None:
-        for name in ("row_buckets", "context_buckets"):
+        for name in ("row_buckets", "context_buckets", "prefill_row_buckets", "generation_buckets"):
             value = getattr(self, name)
             if not value or list(value) != sorted(set(value)):
                 raise ConfigError(f"{name} = {list(value)}: must be a non-empty increasing list")
