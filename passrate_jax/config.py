@@ -28,6 +28,7 @@ class DataConfig:
     task: Literal["arithmetic", "countdown"] = option("arithmetic", doc="built-in task (source builtin)")
     seed: int = option(0, ge=0, doc="seed of the epoch shuffles and of the built-in problems")
     level: int = option(0, ge=0, doc="built-in difficulty level; 0 draws one per problem")
+    max_level: int = option(0, ge=0, doc="with level 0: draw levels 1..max_level (0: every level)")
     train_size: int = option(0, ge=0, doc="built-in: 0 = endless stream, else this many problems cycled in epochs")
     eval_size: int = option(256, ge=0, doc="held-out prompts per evaluation (the first K of the held-out split)")
     shuffle: bool = option(True, doc="reshuffle finite sources every epoch (seeded)")
@@ -61,6 +62,8 @@ class DataConfig:
         levels = len(TASKS[self.task].levels)
         if self.source == "builtin" and self.level > levels:
             raise ConfigError(f"level = {self.level}: {self.task} has levels 1..{levels} (0: mixed)")
+        if self.source == "builtin" and self.max_level > levels:
+            raise ConfigError(f"max_level = {self.max_level}: {self.task} has levels 1..{levels} (0: all)")
         if self.source in ("jsonl", "parquet") and not self.path:
             raise ConfigError(f"path = '': source {self.source} needs a file")
         if self.source == "tfds" and not self.tfds_name:

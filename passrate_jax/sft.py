@@ -21,7 +21,7 @@ from flax import nnx
 
 from passrate_jax.config import Config, WarmStartConfig
 from passrate_jax.configlib import to_dict
-from passrate_jax.data.tasks import TASKS, reference_solution
+from passrate_jax.data.tasks import reference_solution, task_with_levels
 from passrate_jax.rl.losses import token_logprobs
 
 
@@ -40,9 +40,9 @@ def encode_example(tokenizer, prompt: str, response: str, max_len: int) -> tuple
     return tokens, mask
 
 
-def sft_batch(task_name: str, seed: int, step: int, batch_size: int, tokenizer, max_len: int):
+def sft_batch(task_name: str, seed: int, step: int, batch_size: int, tokenizer, max_len: int, max_level: int = 0):
     """The training batch of ``step``: a pure function of (seed, step), so a warm start is reproducible."""
-    task = TASKS[task_name]
+    task = task_with_levels(task_name, max_level)
     rows = [encode_example(tokenizer, p.prompt, reference_solution(p), max_len)
             for p in (task.sample(seed, "train", step * batch_size + i) for i in range(batch_size))]
     return np.stack([r[0] for r in rows]), np.stack([r[1] for r in rows])
@@ -68,6 +68,7 @@ def cache_key(cfg: Config) -> str:
     """Hash of everything that determines the warm-start result (not its cache location)."""
     ws = dataclasses.replace(cfg.warm_start, cache_dir=None)
     blob = json.dumps({"model": to_dict(cfg.model), "warm_start": to_dict(ws), "task": cfg.data.task,
+                       "max_level": cfg.data.max_level,
                        "seed": cfg.seed, "version": 1}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -117,7 +118,8 @@ def run_warm_start(cfg: Config, model: nnx.Module, tokenizer, *, progress: bool 
         bar = tqdm(total=ws.steps, desc="warm start", unit="step", dynamic_ncols=True)
     loss = None
     for step in range(ws.steps):
-        tokens, mask = sft_batch(cfg.data.task, cfg.seed, step, ws.batch_size, tokenizer, ws.max_len)
+        tokens, mask = sft_batch(cfg.data.task, cfg.seed, step, ws.batch_size, tokenizer, ws.max_len,
+                                 cfg.data.max_level)
         params, opt_state, loss = step_fn(params, opt_state, tokens, mask)
         if bar is not None:
             bar.update(1)

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from passrate_jax.data.formatting import extract_answer
-from passrate_jax.data.tasks import TASKS, Problem, reference_solution
+from passrate_jax.data.tasks import TASKS, Problem, reference_solution, task_with_levels
 
 log = logging.getLogger(__name__)
 _ID_MASK = (1 << 63) - 1
@@ -280,11 +280,11 @@ class PromptSource:
 
 
 def builtin_source(task: str, *, seed: int = 0, level: int | None = None, train_size: int = 0,
-                   shuffle: bool = True, default_heldout: int = 256) -> PromptSource:
+                   shuffle: bool = True, default_heldout: int = 256, max_level: int = 0) -> PromptSource:
     """The built-in procedural ``task``: an endless train stream, or with ``train_size`` > 0 a fixed
     pool of its first ``train_size`` train problems visited in epochs (so prompts recur, which
     predictive selection needs). Held-out: the first K problems of the task's held-out split."""
-    t = TASKS[task]
+    t = task_with_levels(task, max_level)
 
     def get(i: int) -> PromptRecord:
         return builtin_record(t.sample(seed, "train", i, level))
@@ -336,7 +336,8 @@ def make_source(cfg) -> PromptSource:
     common = dict(seed=cfg.seed, shuffle=cfg.shuffle, default_heldout=cfg.eval_size)
     match cfg.source:
         case "builtin":
-            return builtin_source(cfg.task, level=cfg.level or None, train_size=cfg.train_size, **common)
+            return builtin_source(cfg.task, level=cfg.level or None, train_size=cfg.train_size,
+                                  max_level=cfg.max_level, **common)
         case "jsonl" | "parquet":
             return file_source(cfg.path, cfg.eval_path, file_format=cfg.source, fields=fields,
                                skip_bad_rows=cfg.skip_bad_rows, **common)

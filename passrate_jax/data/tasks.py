@@ -356,6 +356,17 @@ def countdown_task(levels: tuple[CountdownLevel, ...] = COUNTDOWN_LEVELS, heldou
 TASKS: dict[str, Task] = {"arithmetic": arithmetic_task(), "countdown": countdown_task()}
 
 
+def task_with_levels(name: str, max_level: int = 0) -> Task:
+    """Built-in task ``name`` restricted to its levels 1..``max_level`` (0: all). Verification does not
+    depend on the level set, so ``TASKS[name].verify`` scores the restricted task's problems too."""
+    task = TASKS[name]
+    if max_level == 0:
+        return task
+    if not 1 <= max_level <= len(task.levels):
+        raise ValueError(f"max_level = {max_level}: {name} has levels 1..{len(task.levels)} (0: all)")
+    return dataclasses.replace(task, levels=task.levels[:max_level])
+
+
 def reference_solution(problem: Problem) -> str:
     """The step-by-step target response of a built-in problem (no trailing newline; eos follows)."""
     return TASKS[problem.task].reference_solution(problem)
