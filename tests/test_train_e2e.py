@@ -177,3 +177,24 @@ def test_eval_cli_reproduces_final_eval(tmp_path, fake_verifier, capsys):
     assert result["step"] == 2 and result["heldout_prompts"] == 8
     assert result["accuracy"] == final["eval_accuracy"] and 0 < result["accuracy"] < 1
     assert 0 <= result["pass@1"] <= result["pass@2"] <= 1
+
+
+def test_non_finite_update_is_skipped_and_reported(tmp_path, fake_verifier, monkeypatch):
+    """A batch whose loss is NaN leaves the parameters unchanged and is counted in the metrics."""
+    import jax.numpy as jnp
+
+    import passrate_jax.train as train_mod
+    real = train_mod.make_train_batch
+
+    def poisoned(*args, **kwargs):
+        batch = real(*args, **kwargs)
+        return batch.replace(advantages=jnp.full_like(batch.advantages, jnp.nan))
+    monkeypatch.setattr(train_mod, "make_train_batch", poisoned)
+    messages = []
+    cfg = load_config(None, TINY + ["steps=2", "allocation.method=uniform"])
+    summary = train(cfg, str(tmp_path), progress=False, log=messages.append)
+    records = read_jsonl(tmp_path / "metrics.jsonl")
+    trained = [r for r in records if r["groups_trained"] > 0]
+    assert trained and all(r["update/skipped_steps"] == 1 for r in trained)
+    assert records[-1]["update/total_skipped_steps"] == len(trained)
+    assert any("update skipped" in m for m in messages)
