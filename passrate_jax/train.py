@@ -96,6 +96,11 @@ def train(cfg: Config, run_dir: str, *, progress: bool = True, log=print) -> dic
         start, rollouts_total, useful_total = int(meta["step"]), int(meta["rollouts_total"]), int(meta["useful_total"])
         log(f"resuming {run_dir} from the checkpoint of step {start}")
     writer = MetricsWriter(run_dir, tensorboard=cfg.logging.tensorboard, truncate_after=start)
+    if resume_from is None:
+        # Step 0: the starting point (after the warm start) that training is measured against.
+        ev = session.evaluate(params, seed=cfg.seed)
+        writer.write({"step": 0, "rollouts_total": 0, "eval_accuracy": ev["accuracy"],
+                      **{f"eval_accuracy/level_{k}": v for k, v in ev["accuracy_by_level"].items()}})
 
     def save(step):
         ckpt.save(step, {"params": params, "opt_state": opt_state, "allocator": state_to_dict(alloc_state)},

@@ -52,7 +52,8 @@ def test_every_method_trains(tmp_path, fake_verifier, method, ps, selection):
                                            f"allocation.selection.method={selection}"])
     summary = train(cfg, str(tmp_path), progress=False, log=lambda *a: None)
     records = read_jsonl(tmp_path / "metrics.jsonl")
-    assert [r["step"] for r in records] == [1, 2, 3]
+    assert [r["step"] for r in records] == [0, 1, 2, 3]  # step 0: the evaluation before training
+    records = records[1:]
     assert all(r["rollouts_step"] > 0 for r in records)
     assert records[-1]["rollouts_total"] == sum(r["rollouts_step"] for r in records)
     assert "eval_accuracy" in records[1] and "eval_accuracy" in records[2]
@@ -71,7 +72,7 @@ def test_prefix_sampling_replays_with_masked_prefix(tmp_path, fake_verifier):
     cfg = load_config(None, TINY + ["steps=4", "allocation.method=uniform", "prefix_sampling.enabled=true",
                                     "allocation.num_prompts=4"])
     train(cfg, str(tmp_path), progress=False, log=lambda *a: None)
-    records = read_jsonl(tmp_path / "metrics.jsonl")
+    records = read_jsonl(tmp_path / "metrics.jsonl")[1:]
     assert sum(r["replay_groups"] for r in records) > 0
     assert any(k.startswith("ps/pass_rate/") for r in records for k in r)
 
@@ -111,7 +112,7 @@ def test_sigkill_then_resume_equals_uninterrupted_run(tmp_path):
     deadline = time.time() + 600
     metrics = cut / "metrics.jsonl"
     while time.time() < deadline and proc.poll() is None:
-        if metrics.exists() and len(read_jsonl(metrics)) >= k:
+        if metrics.exists() and len(read_jsonl(metrics)) >= k + 1:  # steps 0..k
             proc.send_signal(signal.SIGKILL)
             break
         time.sleep(0.05)
@@ -121,7 +122,7 @@ def test_sigkill_then_resume_equals_uninterrupted_run(tmp_path):
                          capture_output=True, text=True)
     assert "resuming" in out.stdout + out.stderr
     a, b = read_jsonl(full / "metrics.jsonl"), read_jsonl(cut / "metrics.jsonl")
-    assert [r["step"] for r in b] == list(range(1, 2 * k + 1))
+    assert [r["step"] for r in b] == list(range(0, 2 * k + 1))
     assert _comparable(a) == _comparable(b)
     from passrate_jax.checkpoint import RunCheckpointer
     import jax
@@ -144,7 +145,7 @@ def test_sigint_saves_and_exits_cleanly(tmp_path):
                             stderr=subprocess.STDOUT, text=True)
     metrics = tmp_path / "metrics.jsonl"
     deadline = time.time() + 600
-    while time.time() < deadline and not (metrics.exists() and read_jsonl(metrics)):
+    while time.time() < deadline and not (metrics.exists() and len(read_jsonl(metrics)) >= 2):
         time.sleep(0.05)
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=300)
@@ -193,7 +194,7 @@ def test_non_finite_update_is_skipped_and_reported(tmp_path, fake_verifier, monk
     messages = []
     cfg = load_config(None, TINY + ["steps=2", "allocation.method=uniform"])
     summary = train(cfg, str(tmp_path), progress=False, log=messages.append)
-    records = read_jsonl(tmp_path / "metrics.jsonl")
+    records = read_jsonl(tmp_path / "metrics.jsonl")[1:]
     trained = [r for r in records if r["groups_trained"] > 0]
     assert trained and all(r["update/skipped_steps"] == 1 for r in trained)
     assert records[-1]["update/total_skipped_steps"] == len(trained)
