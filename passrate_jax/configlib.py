@@ -98,6 +98,9 @@ def _coerce(key: str, value: Any, tp) -> Any:
             raise ConfigError(f"{key} = {value!r}: expected a number")
         return float(value)
     if tp is str:
+        if isinstance(value, dict):
+            raise ConfigError(f"{key} = {value!r}: expected a string (YAML read the braces as a mapping: quote "
+                              f"the value, e.g. {key}='{{prompt}}')")
         if not isinstance(value, str):
             raise ConfigError(f"{key} = {value!r}: expected a string")
         return value

@@ -57,6 +57,7 @@ def test_frozen():
     ("sampling.row_buckets=[8, 4]", ["sampling.row_buckets = [8, 4]", "increasing"]),
     ("model.num_kv_heads=3", ["model.num_kv_heads = 3", "must divide num_heads = 4"]),
     ("allocation=3", ["allocation = 3", "expected a mapping"]),
+    ("data.template={prompt}", ["data.template", "quote the value"]),
     ("steps", ["expected key.sub=value"]),
 ])
 def test_bad_overrides_name_key_value_and_allowed(override, fragments):
