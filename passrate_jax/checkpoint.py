@@ -66,6 +66,17 @@ class RunCheckpointer:
             state=ocp.args.StandardRestore(abstract_like(target)), meta=ocp.args.JsonRestore()))
         return restored.state, dict(restored.meta)
 
+    def restore_saved(self, step: int | None = None) -> tuple[Any, dict]:
+        """Checkpoint ``step`` (default: the latest) as saved, without a target: nested dicts of arrays
+        (an nnx Variable comes back as ``{"value": array}``). For reading a run without rebuilding its
+        optimizer and allocator, e.g. evaluation. Returns (state, meta)."""
+        step = self.latest_step() if step is None else step
+        if step is None:
+            raise FileNotFoundError(f"no complete checkpoint under {self.path}")
+        restored = self._manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(),
+                                                                       meta=ocp.args.JsonRestore()))
+        return restored.state, dict(restored.meta)
+
     def wait(self) -> None:
         """Block until every pending asynchronous save is complete."""
         self._manager.wait_until_finished()

@@ -14,17 +14,14 @@ def load_run_params(run_dir: str, session, step: int | None = None):
     """The parameters of checkpoint ``step`` (default: the latest) of ``run_dir``, in the session's
     model structure and shardings."""
     import jax
-    import orbax.checkpoint as ocp
     from flax import nnx
 
     from passrate_jax.checkpoint import RunCheckpointer
     ckpt = RunCheckpointer(run_dir)
-    step = ckpt.latest_step() if step is None else step
-    if step is None:
+    try:
+        state, meta = ckpt.restore_saved(step)
+    finally:
         ckpt.close()
-        raise FileNotFoundError(f"{run_dir!r} has no complete checkpoint to evaluate")
-    restored = ckpt._manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
-    ckpt.close()
     def unwrap(tree):
         # Orbax stores each nnx Variable as {"value": array}; nnx's pure dicts hold the arrays.
         if isinstance(tree, dict):
@@ -32,8 +29,8 @@ def load_run_params(run_dir: str, session, step: int | None = None):
         return tree
 
     params = session.params
-    nnx.replace_by_pure_dict(params, unwrap(restored.state["params"]))
-    return step, jax.device_put(params, session.sampler.param_shardings)
+    nnx.replace_by_pure_dict(params, unwrap(state["params"]))
+    return int(meta["step"]), jax.device_put(params, session.sampler.param_shardings)
 
 
 def add_subparsers(subparsers) -> None:

@@ -32,6 +32,8 @@ class Session:
     model: nnx.Module
     sampler: Sampler
     source: object
+    prompt_format: PromptFormat
+    add_bos: bool
     log: object = print
 
     @classmethod
@@ -57,10 +59,8 @@ class Session:
         stop = tuple(i for i in getattr(tokenizer, "stop_ids", ()) if i != eos)
         sampling = dataclasses.replace(cfg.sampling, stop_token_ids=tuple(cfg.sampling.stop_token_ids) + stop)
         sampler = Sampler(model, sampling, eos_id=eos, pad_id=tokenizer.pad_id, mesh=mesh)
-        session = cls(cfg, mesh, tokenizer, prompts, prompt_tokens, heldout, Rewarder.from_config(cfg.data), model,
-                      sampler, source, log)
-        session._fmt, session._add_bos = fmt, add_bos
-        return session
+        return cls(cfg, mesh, tokenizer, prompts, prompt_tokens, heldout, Rewarder.from_config(cfg.data), model,
+                   sampler, source, fmt, add_bos, log)
 
     # --------------------------------------------------------------- parts
     @property
@@ -107,7 +107,8 @@ class Session:
         """Greedy held-out accuracy (overall and per level) of ``params``; pass@k with ``num_samples``."""
         def verifier(record):
             return lambda text: float(self.score([record], [text])[0])
-        prompts = [EvalPrompt(self.tokenizer.encode(self._fmt.render(r.prompt, self.tokenizer), add_bos=self._add_bos),
+        prompts = [EvalPrompt(self.tokenizer.encode(self.prompt_format.render(r.prompt, self.tokenizer),
+                                                    add_bos=self.add_bos),
                               verifier(r), int(r.metadata.get("level", 0))) for r in self.heldout]
         if not prompts:
             return {"accuracy": float("nan"), "accuracy_by_level": {}}

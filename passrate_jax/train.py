@@ -10,13 +10,11 @@ uninterrupted one bit for bit on CPU.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import signal
 import time
 
 import jax
-import numpy as np
 
 from passrate_jax.allocation import Allocator, state_from_dict, state_to_dict
 from passrate_jax.checkpoint import RunCheckpointer

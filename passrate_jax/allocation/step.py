@@ -322,7 +322,7 @@ class StepRun:
             raise RuntimeError("finish() with outstanding requests")
         sel_groups = [g for g in self.groups.values() if g.prefix is None and len(g.rewards) > g.new_from]
         if sel_groups:
-            ns, ss, ids = {}, {}, {}
+            ns, ss = {}, {}
             for g in sel_groups:  # one observation per prompt and step
                 new = g.rewards[g.new_from:]
                 ns[g.prompt] = ns.get(g.prompt, 0) + len(new)

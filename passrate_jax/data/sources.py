@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from passrate_jax.data.formatting import extract_answer
-from passrate_jax.data.tasks import TASKS, Problem, reference_solution, task_with_levels
+from passrate_jax.data.tasks import Problem, reference_solution, task_with_levels
 
 log = logging.getLogger(__name__)
 _ID_MASK = (1 << 63) - 1
