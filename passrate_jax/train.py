@@ -15,6 +15,7 @@ import signal
 import time
 
 import jax
+import jax.numpy as jnp
 
 from passrate_jax.allocation import Allocator, state_from_dict, state_to_dict
 from passrate_jax.checkpoint import RunCheckpointer
@@ -24,7 +25,7 @@ from passrate_jax.loop import collect_rollouts, rollout_metrics
 from passrate_jax.metrics import MetricsWriter
 from passrate_jax.rl.batch import make_train_batch
 from passrate_jax.rl.optimizer import make_optimizer
-from passrate_jax.rl.train_step import make_train_step
+from passrate_jax.rl.train_step import make_train_step, policy_logprobs
 from passrate_jax.rollouts import RolloutStore, batch_arrays, round_up
 from passrate_jax.session import Session
 
@@ -85,10 +86,20 @@ def train(cfg: Config, run_dir: str, *, progress: bool = True, log=print) -> dic
             f.write(dump_config(cfg))
     params = jax.device_put(session.params, fns.param_shardings)
     opt_state = fns.init(params)
+    # The KL term's frozen reference policy: the parameters training starts from (after the warm start).
+    use_kl = cfg.rl.kl_coef > 0
+    ref_params = jax.tree.map(jnp.copy, params) if use_kl else None
+    ref_logprobs = jax.jit(lambda p, b: policy_logprobs(session.graphdef, p, b.tokens, b.positions,
+                                                        b.attention_mask)[0]) if use_kl else None
+
+    def checkpoint_state():
+        state = {"params": params, "opt_state": opt_state, "allocator": state_to_dict(alloc_state)}
+        return {**state, "ref_params": ref_params} if use_kl else state
+
     if resume_from is not None:
-        target = {"params": params, "opt_state": opt_state, "allocator": state_to_dict(alloc_state)}
-        state, meta = ckpt.restore(resume_from, target)
+        state, meta = ckpt.restore(resume_from, checkpoint_state())
         params, opt_state = state["params"], state["opt_state"]
+        ref_params = state.get("ref_params")
         alloc_state = state_from_dict(state["allocator"], alloc_state)
         store.load_json(meta["store"])
         start, rollouts_total, useful_total = int(meta["step"]), int(meta["rollouts_total"]), int(meta["useful_total"])
@@ -101,9 +112,8 @@ def train(cfg: Config, run_dir: str, *, progress: bool = True, log=print) -> dic
                       **{f"eval_accuracy/level_{k}": v for k, v in ev["accuracy_by_level"].items()}})
 
     def save(step):
-        ckpt.save(step, {"params": params, "opt_state": opt_state, "allocator": state_to_dict(alloc_state)},
-                  {"step": step, "rollouts_total": rollouts_total, "useful_total": useful_total,
-                   "store": store.to_json()})
+        ckpt.save(step, checkpoint_state(), {"step": step, "rollouts_total": rollouts_total,
+                                             "useful_total": useful_total, "store": store.to_json()})
 
     bar = None
     if progress and cfg.logging.progress_bar:
@@ -133,6 +143,8 @@ def train(cfg: Config, run_dir: str, *, progress: bool = True, log=print) -> dic
                 batch = make_train_batch(arrays["tokens"], arrays["attention_mask"], arrays["loss_mask"],
                                          arrays["rewards"], arrays["group_ids"], estimator=cfg.rl.advantage)
                 batch = jax.device_put(batch, fns.batch_sharding)
+                if use_kl:
+                    batch = batch.replace(ref_logprobs=ref_logprobs(ref_params, batch))
                 params, opt_state, update = fns.step(params, opt_state, batch,
                                                      jax.random.fold_in(jax.random.key(cfg.seed), step))
                 record.update({f"update/{k}": v for k, v in jax.device_get(update).items()})

@@ -207,3 +207,20 @@ def test_non_finite_update_is_skipped_and_reported(tmp_path, fake_verifier, monk
     assert summary["step"] == 2
     for a, b in zip(jax.tree.leaves(initial), jax.tree.leaves(summary["params"])):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_kl_to_the_starting_policy(tmp_path, fake_verifier):
+    """With rl.kl_coef > 0 the update sees reference log-probs of the starting parameters: the KL is 0
+    before the first update and positive once the policy has moved; the reference is checkpointed."""
+    cfg = load_config(None, TINY + ["steps=3", "allocation.method=uniform", "rl.kl_coef=0.1",
+                                    "optimizer.learning_rate=1e-2", "optimizer.warmup_steps=0"])
+    train(cfg, str(tmp_path), progress=False, log=lambda *a: None)
+    records = [r for r in read_jsonl(tmp_path / "metrics.jsonl")[1:] if r["groups_trained"] > 0]
+    assert len(records) >= 2
+    assert records[0]["update/kl"] == 0.0
+    assert records[-1]["update/kl"] > 0.0
+    from passrate_jax.checkpoint import RunCheckpointer
+    ckpt = RunCheckpointer(tmp_path)
+    state, _ = ckpt.restore_saved()
+    ckpt.close()
+    assert "ref_params" in state
