@@ -16,11 +16,12 @@ import time
 
 import jax
 import jax.numpy as jnp
+import yaml
 
 from passrate_jax.allocation import Allocator, state_from_dict, state_to_dict
 from passrate_jax.checkpoint import RunCheckpointer
 from passrate_jax.config import Config, dump_config
-from passrate_jax.configlib import ConfigError
+from passrate_jax.configlib import ConfigError, to_dict
 from passrate_jax.loop import collect_rollouts, rollout_metrics
 from passrate_jax.metrics import MetricsWriter
 from passrate_jax.rl.batch import make_train_batch
@@ -62,9 +63,42 @@ class _StopRequest:
             signal.signal(signal.SIGINT, self._previous)
 
 
+# Top-level config sections a resumed run may change: they do not alter what was computed so far.
+RESUMABLE_CHANGES = ("steps", "eval_every", "checkpoint", "logging")
+
+
+def _flat(tree: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in tree.items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
+def resume_conflicts(cfg: Config, run_dir: str) -> list[str]:
+    """Keys whose value differs from the run directory's ``config.yaml`` and that a resume may not change,
+    as ``"key: saved -> now"`` lines (empty when there is no saved config)."""
+    path = os.path.join(run_dir, "config.yaml")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        saved = _flat(yaml.safe_load(f) or {})
+    now = _flat(to_dict(cfg))
+    return [f"{k}: {saved.get(k)!r} -> {now.get(k)!r}" for k in sorted(set(saved) | set(now))
+            if saved.get(k) != now.get(k) and k.split(".")[0] not in RESUMABLE_CHANGES]
+
+
 def train(cfg: Config, run_dir: str, *, progress: bool = True, log=print) -> dict:
     """Train (or resume) a run in ``run_dir``; returns a summary with the last metrics record."""
     os.makedirs(run_dir, exist_ok=True)
+    ckpt = RunCheckpointer(run_dir, keep=cfg.checkpoint.keep, async_save=cfg.checkpoint.async_save)
+    resume_from = ckpt.latest_step()
+    if resume_from is not None:
+        conflicts = resume_conflicts(cfg, run_dir)
+        if conflicts:
+            ckpt.close()
+            raise ConfigError(f"{run_dir} holds a run with another config; resuming it may change only "
+                              f"{', '.join(RESUMABLE_CHANGES)}. Differences: " + "; ".join(conflicts)
+                              + ". Use another --run-dir, or the saved config.yaml.")
     session = Session.create(cfg, log=log)
     alloc_cfg = cfg.allocation
     rows_unit = alloc_cfg.num_prompts * alloc_cfg.group_size
@@ -77,13 +111,11 @@ def train(cfg: Config, run_dir: str, *, progress: bool = True, log=print) -> dic
     alloc_state = allocator.init(jax.random.key_data(jax.random.key(cfg.seed)))
     optimizer = make_optimizer(cfg.optimizer)
     fns = make_train_step(session.graphdef, session.params, cfg.rl, optimizer, session.mesh)
-    ckpt = RunCheckpointer(run_dir, keep=cfg.checkpoint.keep, async_save=cfg.checkpoint.async_save)
     start, rollouts_total, useful_total = 0, 0, 0
-    resume_from = ckpt.latest_step()
     if resume_from is None:
         session.warm_start(progress=progress)
-        with open(os.path.join(run_dir, "config.yaml"), "w") as f:
-            f.write(dump_config(cfg))
+    with open(os.path.join(run_dir, "config.yaml"), "w") as f:  # a resume may extend steps: keep it current
+        f.write(dump_config(cfg))
     params = jax.device_put(session.params, fns.param_shardings)
     opt_state = fns.init(params)
     # The KL term's frozen reference policy: the parameters training starts from (after the warm start).

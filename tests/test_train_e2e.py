@@ -224,3 +224,19 @@ def test_kl_to_the_starting_policy(tmp_path, fake_verifier):
     state, _ = ckpt.restore_saved()
     ckpt.close()
     assert "ref_params" in state
+
+
+def test_resume_refuses_a_different_config_but_extends_steps(tmp_path, fake_verifier):
+    from passrate_jax.configlib import ConfigError
+    cfg = load_config(None, TINY + ["steps=1", "allocation.method=uniform"])
+    train(cfg, str(tmp_path), progress=False, log=lambda *a: None)
+    other = load_config(None, TINY + ["steps=2", "allocation.method=sara", "allocation.group_size=8"])
+    with pytest.raises(ConfigError) as err:
+        train(other, str(tmp_path), progress=False, log=lambda *a: None)
+    assert "allocation.method: 'uniform' -> 'sara'" in str(err.value)
+    assert "allocation.group_size: 4 -> 8" in str(err.value)
+    messages = []
+    longer = load_config(None, TINY + ["steps=2", "allocation.method=uniform"])
+    summary = train(longer, str(tmp_path), progress=False, log=messages.append)
+    assert summary["step"] == 2 and any("resuming" in m for m in messages)
+    assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [0, 1, 2]
