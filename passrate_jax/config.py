@@ -91,7 +91,6 @@ class MeshConfig:
     data: int = option(-1, ge=-1, doc="data-parallel axis size (-1: fill)")
     fsdp: int = option(1, ge=-1, doc="fully-sharded data-parallel axis size")
     tensor: int = option(1, ge=-1, doc="tensor-parallel axis size")
-    distributed: bool = option(False, doc="call jax.distributed.initialize() at start")
 
     def validate(self) -> None:
         sizes = (self.data, self.fsdp, self.tensor)
@@ -111,8 +110,7 @@ class CheckpointConfig:
 
 @dataclasses.dataclass(frozen=True)
 class LoggingConfig:
-    """Metrics output."""
-    every_steps: int = option(1, ge=1)
+    """Metrics output (metrics.jsonl gets a record every step)."""
     tensorboard: bool = option(True)
     progress_bar: bool = option(True)
 

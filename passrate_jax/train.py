@@ -173,7 +173,8 @@ def train(cfg: Config, run_dir: str, *, progress: bool = True, log=print) -> dic
                                                                      [rows_unit * k for k in (1, 2, 4, 8)]),
                                       width_buckets=WIDTH_BUCKETS, pad_id=session.tokenizer.pad_id)
                 batch = make_train_batch(arrays["tokens"], arrays["attention_mask"], arrays["loss_mask"],
-                                         arrays["rewards"], arrays["group_ids"], estimator=cfg.rl.advantage)
+                                         arrays["rewards"], arrays["group_ids"], estimator=cfg.rl.advantage,
+                                         eps=cfg.rl.advantage_eps)
                 batch = jax.device_put(batch, fns.batch_sharding)
                 if use_kl:
                     batch = batch.replace(ref_logprobs=ref_logprobs(ref_params, batch))
