@@ -36,6 +36,13 @@ NONDETERMINISTIC_METRICS = ("time/step_s", "time/rollout_s", "time/update_s", "t
                             "compilations/sampler", "compilations/update")
 
 
+def _compiled_programs(jitted) -> int:
+    """Programs a jitted function has compiled. jax exposes this only as the private ``_cache_size``;
+    -1 when a jax version lacks it (the metric is informational, training must not depend on it)."""
+    size = getattr(jitted, "_cache_size", None)
+    return int(size()) if callable(size) else -1
+
+
 def _step_seed(seed: int, step: int) -> int:
     return (seed * 1_000_003 + step * 7_919 + 1) % (2 ** 31)
 
@@ -194,7 +201,7 @@ def train(cfg: Config, run_dir: str, *, progress: bool = True, log=print) -> dic
             record.update({"time/rollout_s": t1 - t0, "time/update_s": t2 - t1,
                            "time/step_s": time.perf_counter() - t0, "time/total_s": time.perf_counter() - t_run,
                            "compilations/sampler": session.sampler.compilations,
-                           "compilations/update": fns.step._cache_size()})
+                           "compilations/update": _compiled_programs(fns.step)})
             record.update(session.data_metrics())
             writer.write(record)
             if step % cfg.checkpoint.every_steps == 0 or step == cfg.steps:
