@@ -59,7 +59,7 @@ class MetricsWriter:
         self._file.flush()
         if self._tb is not None:
             step = int(record["step"])
-            for key, value in _flatten(record):
+            for key, value in flatten(record):
                 if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
                     self._tb.add_scalar(key, value, step)
 
@@ -69,9 +69,10 @@ class MetricsWriter:
             self._tb.close()
 
 
-def _flatten(record: dict, prefix: str = ""):
+def flatten(record: dict, prefix: str = "", sep: str = "/"):
+    """Yield (joined key, value) for every leaf of a nested dict, keys joined with ``sep``."""
     for key, value in record.items():
         if isinstance(value, dict):
-            yield from _flatten(value, f"{prefix}{key}/")
+            yield from flatten(value, f"{prefix}{key}{sep}", sep)
         else:
             yield prefix + key, value

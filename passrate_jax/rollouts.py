@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from passrate_jax.allocation import Request, TrainGroup
-from passrate_jax.sampling.sampler import Context
+from passrate_jax.sampling.sampler import Context, bucket
 
 
 def cut_prefix(response: Sequence[int], ratio: float, newline_id: int | None = None) -> list[int]:
@@ -98,14 +98,6 @@ class RolloutStore:
                        for k, v in data.items()}
 
 
-def round_up(n: int, buckets: Sequence[int]) -> int:
-    """Smallest bucket >= n; past the largest, the next multiple of it."""
-    for b in buckets:
-        if b >= n:
-            return b
-    return math.ceil(n / buckets[-1]) * buckets[-1]
-
-
 def batch_arrays(store: RolloutStore, groups: Sequence[TrainGroup], *, rows: int, width_buckets: Sequence[int],
                  pad_id: int) -> dict[str, np.ndarray]:
     """Rows of every trained group's rollouts, right-padded to ``rows`` x a width bucket.
@@ -126,7 +118,7 @@ def batch_arrays(store: RolloutStore, groups: Sequence[TrainGroup], *, rows: int
             gids.append(gi)
     if len(seqs) > rows:
         raise ValueError(f"{len(seqs)} rollouts to train on exceed the batch of {rows} rows")
-    width = round_up(max(len(s) for s in seqs), width_buckets)
+    width = bucket(max(len(s) for s in seqs), width_buckets)
     out = {"tokens": np.full((rows, width), pad_id, np.int32), "attention_mask": np.zeros((rows, width), np.int32),
            "loss_mask": np.zeros((rows, width), np.int32), "rewards": np.zeros((rows,), np.float32),
            "group_ids": np.arange(rows, dtype=np.int32) + len(groups)}

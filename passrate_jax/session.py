@@ -28,12 +28,11 @@ class Session:
     prompts: list[PromptRecord]
     prompt_tokens: list[list[int]]
     heldout: list[PromptRecord]
+    heldout_tokens: list[list[int]]
     rewarder: Rewarder
     model: nnx.Module
     sampler: Sampler
     source: object
-    prompt_format: PromptFormat
-    add_bos: bool
     log: object = print
 
     @classmethod
@@ -52,15 +51,18 @@ class Session:
         prompts = source.take(source.size)
         fmt = PromptFormat.from_config(cfg.data)
         add_bos = not fmt.chat and getattr(tokenizer, "bos_id", None) is not None
-        prompt_tokens = [tokenizer.encode(fmt.render(r.prompt, tokenizer), add_bos=add_bos) for r in prompts]
+        def encode(records):
+            return [tokenizer.encode(fmt.render(r.prompt, tokenizer), add_bos=add_bos) for r in records]
+        prompt_tokens = encode(prompts)
         heldout = source.heldout(cfg.data.eval_size)
+        heldout_tokens = encode(heldout)  # once: every evaluation reuses them
         model = create_model(cfg.model, seed=cfg.seed, mesh=mesh)
         eos = tokenizer.eos_id
         stop = tuple(i for i in getattr(tokenizer, "stop_ids", ()) if i != eos)
         sampling = dataclasses.replace(cfg.sampling, stop_token_ids=tuple(cfg.sampling.stop_token_ids) + stop)
         sampler = Sampler(model, sampling, eos_id=eos, pad_id=tokenizer.pad_id, mesh=mesh)
-        return cls(cfg, mesh, tokenizer, prompts, prompt_tokens, heldout, Rewarder.from_config(cfg.data), model,
-                   sampler, source, fmt, add_bos, log)
+        return cls(cfg, mesh, tokenizer, prompts, prompt_tokens, heldout, heldout_tokens,
+                   Rewarder.from_config(cfg.data), model, sampler, source, log)
 
     # --------------------------------------------------------------- parts
     @property
@@ -107,9 +109,8 @@ class Session:
         """Greedy held-out accuracy (overall and per level) of ``params``; pass@k with ``num_samples``."""
         def verifier(record):
             return lambda text: float(self.score([record], [text])[0])
-        prompts = [EvalPrompt(self.tokenizer.encode(self.prompt_format.render(r.prompt, self.tokenizer),
-                                                    add_bos=self.add_bos),
-                              verifier(r), int(r.metadata.get("level", 0))) for r in self.heldout]
+        prompts = [EvalPrompt(ids, verifier(r), int(r.metadata.get("level", 0)))
+                   for r, ids in zip(self.heldout, self.heldout_tokens)]
         if not prompts:
             return {"accuracy": float("nan"), "accuracy_by_level": {}}
         return evaluate(self.sampler, params, prompts, self.decode, seed=seed, num_samples=num_samples, ks=ks,

@@ -23,11 +23,12 @@ from passrate_jax.checkpoint import RunCheckpointer
 from passrate_jax.config import Config, dump_config
 from passrate_jax.configlib import ConfigError, to_dict
 from passrate_jax.loop import collect_rollouts, rollout_metrics
-from passrate_jax.metrics import MetricsWriter
+from passrate_jax.metrics import MetricsWriter, flatten
 from passrate_jax.rl.batch import make_train_batch
 from passrate_jax.rl.optimizer import make_optimizer
 from passrate_jax.rl.train_step import make_train_step, policy_logprobs
-from passrate_jax.rollouts import RolloutStore, batch_arrays, round_up
+from passrate_jax.rollouts import RolloutStore, batch_arrays
+from passrate_jax.sampling.sampler import bucket
 from passrate_jax.session import Session
 
 WIDTH_BUCKETS = (64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192)
@@ -74,13 +75,6 @@ class _StopRequest:
 RESUMABLE_CHANGES = ("steps", "eval_every", "checkpoint", "logging")
 
 
-def _flat(tree: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in tree.items():
-        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
-    return out
-
-
 def resume_conflicts(cfg: Config, run_dir: str) -> list[str]:
     """Keys whose value differs from the run directory's ``config.yaml`` and that a resume may not change,
     as ``"key: saved -> now"`` lines (empty when there is no saved config)."""
@@ -88,8 +82,8 @@ def resume_conflicts(cfg: Config, run_dir: str) -> list[str]:
     if not os.path.exists(path):
         return []
     with open(path) as f:
-        saved = _flat(yaml.safe_load(f) or {})
-    now = _flat(to_dict(cfg))
+        saved = dict(flatten(yaml.safe_load(f) or {}, sep="."))
+    now = dict(flatten(to_dict(cfg), sep="."))
     return [f"{k}: {saved.get(k)!r} -> {now.get(k)!r}" for k in sorted(set(saved) | set(now))
             if saved.get(k) != now.get(k) and k.split(".")[0] not in RESUMABLE_CHANGES]
 
@@ -176,7 +170,7 @@ def train(cfg: Config, run_dir: str, *, progress: bool = True, log=print) -> dic
             record["useful_rollout_fraction"] = useful_total / max(rollouts_total, 1)
             groups = ro.result.groups
             if groups:
-                arrays = batch_arrays(store, groups, rows=round_up(sum(len(g.rewards) for g in groups),
+                arrays = batch_arrays(store, groups, rows=bucket(sum(len(g.rewards) for g in groups),
                                                                      [rows_unit * k for k in (1, 2, 4, 8)]),
                                       width_buckets=WIDTH_BUCKETS, pad_id=session.tokenizer.pad_id)
                 batch = make_train_batch(arrays["tokens"], arrays["attention_mask"], arrays["loss_mask"],
