@@ -91,6 +91,8 @@ class MeshConfig:
     data: int = option(-1, ge=-1, doc="data-parallel axis size (-1: fill)")
     fsdp: int = option(1, ge=-1, doc="fully-sharded data-parallel axis size")
     tensor: int = option(1, ge=-1, doc="tensor-parallel axis size")
+    devices: int = option(0, ge=0, doc="devices (all hosts) the preset is laid out for; 0: any. A mismatch fails "
+                                       "at startup instead of running a mesh the preset never meant")
 
     def validate(self) -> None:
         sizes = (self.data, self.fsdp, self.tensor)
@@ -98,6 +100,26 @@ class MeshConfig:
             raise ConfigError(f"(data, fsdp, tensor) = {sizes}: each must be >= 1 or -1")
         if sum(s == -1 for s in sizes) > 1:
             raise ConfigError(f"(data, fsdp, tensor) = {sizes}: at most one axis may be -1")
+
+
+@dataclasses.dataclass(frozen=True)
+class DistributedConfig:
+    """Multi-process runs, one process per host (Cloud TPU pod workers, GPU nodes): JAX's own runtime,
+    ``jax.distributed.initialize``. Every host runs the same program on its shard of the global batch."""
+    initialize: bool = option(False, doc="initialize jax.distributed before anything else (also when the "
+                                         "environment sets PASSRATE_JAX_DISTRIBUTED=1)")
+    coordinator_address: str = option("", doc="host:port of process 0; empty: auto-detect (Cloud TPU, SLURM)")
+    num_processes: int = option(0, ge=0, doc="processes in the run; 0: auto-detect")
+    process_id: int = option(-1, ge=-1, doc="this process's id; -1: auto-detect")
+
+    def validate(self) -> None:
+        manual = (bool(self.coordinator_address), self.num_processes > 0, self.process_id >= 0)
+        if any(manual) and not all(manual):
+            raise ConfigError(f"coordinator_address = {self.coordinator_address!r}, num_processes = "
+                              f"{self.num_processes}, process_id = {self.process_id}: give all three or none "
+                              "(none: auto-detect on Cloud TPU / SLURM)")
+        if all(manual) and self.process_id >= self.num_processes:
+            raise ConfigError(f"process_id = {self.process_id}: must be < num_processes = {self.num_processes}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,6 +165,7 @@ class Config:
     rl: RLConfig = section(RLConfig)
     optimizer: OptimizerConfig = section(OptimizerConfig)
     mesh: MeshConfig = section(MeshConfig)
+    distributed: DistributedConfig = section(DistributedConfig)
     checkpoint: CheckpointConfig = section(CheckpointConfig)
     logging: LoggingConfig = section(LoggingConfig)
 

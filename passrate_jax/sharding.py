@@ -48,6 +48,9 @@ def make_mesh(cfg: MeshConfig, devices: Sequence[jax.Device] | None = None) -> M
     """
     devices = list(jax.devices() if devices is None else devices)
     n = len(devices)
+    if cfg.devices and cfg.devices != n:
+        raise ValueError(f"mesh.devices = {cfg.devices}: the preset is laid out for {cfg.devices} devices, "
+                         f"this run has {n} ({jax.process_count()} process(es))")
     sizes = [cfg.data, cfg.fsdp, cfg.tensor]
     if -1 in sizes:
         known = math.prod(s for s in sizes if s != -1)

@@ -72,7 +72,7 @@ class _StopRequest:
 
 
 # Top-level config sections a resumed run may change: they do not alter what was computed so far.
-RESUMABLE_CHANGES = ("steps", "eval_every", "checkpoint", "logging")
+RESUMABLE_CHANGES = ("steps", "eval_every", "checkpoint", "logging", "distributed")
 
 
 def resume_conflicts(cfg: Config, run_dir: str) -> list[str]:
