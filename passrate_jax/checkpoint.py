@@ -42,7 +42,9 @@ class RunCheckpointer:
         self.path = os.path.abspath(os.path.join(os.fspath(directory), "checkpoints"))
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save,
                                                create=True)
-        self._manager = ocp.CheckpointManager(self.path, options=options, item_names=("state", "meta"))
+        self._manager = ocp.CheckpointManager(
+            self.path, options=options,
+            item_handlers={"state": ocp.StandardCheckpointHandler(), "meta": ocp.JsonCheckpointHandler()})
 
     def latest_step(self) -> int | None:
         """The step of the newest complete checkpoint, or None."""
@@ -69,11 +71,16 @@ class RunCheckpointer:
     def restore_saved(self, step: int | None = None) -> tuple[Any, dict]:
         """Checkpoint ``step`` (default: the latest) as saved, without a target: nested dicts of arrays
         (an nnx Variable comes back as ``{"value": array}``). For reading a run without rebuilding its
-        optimizer and allocator, e.g. evaluation. Returns (state, meta)."""
+        optimizer and allocator, e.g. evaluation; the arrays land on this process's first device, whatever
+        mesh saved them. Returns (state, meta)."""
         step = self.latest_step() if step is None else step
         if step is None:
             raise FileNotFoundError(f"no complete checkpoint under {self.path}")
-        restored = self._manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(),
+        # Onto this process's first device, whatever topology saved it (a pod run read on a laptop).
+        device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+        target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
+                              self._manager.item_metadata(step)["state"])
+        restored = self._manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target),
                                                                        meta=ocp.args.JsonRestore()))
         return restored.state, dict(restored.meta)
 

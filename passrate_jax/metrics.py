@@ -39,7 +39,12 @@ class MetricsWriter:
     ``run_dir/tensorboard``. Appending lets a resumed run continue the same file; ``truncate_after``
     drops records past the checkpoint a run resumes from, so no step appears twice."""
 
-    def __init__(self, run_dir: str | os.PathLike, tensorboard: bool = True, truncate_after: int | None = None):
+    def __init__(self, run_dir: str | os.PathLike, tensorboard: bool = True, truncate_after: int | None = None,
+                 enabled: bool = True):
+        self.enabled = enabled  # False on every host but the first of a multi-process run: one writer
+        self._tb = None
+        if not enabled:
+            return
         os.makedirs(run_dir, exist_ok=True)
         self.path = os.path.join(os.fspath(run_dir), "metrics.jsonl")
         if truncate_after is not None and os.path.exists(self.path):
@@ -47,13 +52,14 @@ class MetricsWriter:
             with open(self.path, "w") as f:
                 f.writelines(json.dumps(r) + "\n" for r in kept)
         self._file = open(self.path, "a")
-        self._tb = None
         if tensorboard:
             from tensorboardX import SummaryWriter
             self._tb = SummaryWriter(os.path.join(os.fspath(run_dir), "tensorboard"))
 
     def write(self, record: dict) -> None:
         """Write one step's record; it must hold ``step``."""
+        if not self.enabled:
+            return
         record = to_python(record)
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
@@ -64,6 +70,8 @@ class MetricsWriter:
                     self._tb.add_scalar(key, value, step)
 
     def close(self) -> None:
+        if not self.enabled:
+            return
         self._file.close()
         if self._tb is not None:
             self._tb.close()

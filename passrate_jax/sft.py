@@ -21,6 +21,7 @@ from flax import nnx
 
 from passrate_jax.config import Config, WarmStartConfig
 from passrate_jax.configlib import to_dict
+from passrate_jax.distributed import is_primary, to_host
 from passrate_jax.data.tasks import reference_solution, task_with_levels
 from passrate_jax.rl.losses import token_logprobs
 
@@ -80,8 +81,8 @@ def cache_path(cfg: Config) -> str:
 
 
 def _flat(params) -> dict[str, np.ndarray]:
-    return {"/".join(str(getattr(k, "key", k)) for k in path): np.asarray(v)
-            for path, v in jax.tree_util.tree_leaves_with_path(params)}
+    return {"/".join(str(getattr(k, "key", k)) for k in path): v
+            for path, v in jax.tree_util.tree_leaves_with_path(to_host(params))}
 
 
 def _unflat(flat: dict[str, np.ndarray], like):
@@ -128,10 +129,12 @@ def run_warm_start(cfg: Config, model: nnx.Module, tokenizer, *, progress: bool 
     if bar is not None:
         bar.close()
     nnx.update(model, params)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}"
-    save_file(_flat(params), tmp)
-    os.replace(tmp, path)  # atomic: a killed warm start never leaves a half-written cache entry
+    flat = _flat(params)  # a collective in multi-process runs: every process takes part
+    if is_primary():  # every host computed the same weights; one writes them
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.tmp{os.getpid()}"
+        save_file(flat, tmp)
+        os.replace(tmp, path)  # atomic: a killed warm start never leaves a half-written cache entry
     final = None if loss is None else float(loss)
     log(f"warm start: {ws.steps} steps, final loss {final}, cached at {path}")
     return {"cached": False, "steps": ws.steps, "final_loss": final, "path": path}

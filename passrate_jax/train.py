@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import yaml
 
+from passrate_jax import distributed
 from passrate_jax.allocation import Allocator, state_from_dict, state_to_dict
 from passrate_jax.checkpoint import RunCheckpointer
 from passrate_jax.config import Config, dump_config
@@ -42,6 +43,10 @@ def _compiled_programs(jitted) -> int:
     -1 when a jax version lacks it (the metric is informational, training must not depend on it)."""
     size = getattr(jitted, "_cache_size", None)
     return int(size()) if callable(size) else -1
+
+
+def _quiet(*args, **kwargs) -> None:
+    """The log of every host but the first: one voice per run."""
 
 
 def _step_seed(seed: int, step: int) -> int:
@@ -89,7 +94,14 @@ def resume_conflicts(cfg: Config, run_dir: str) -> list[str]:
 
 
 def train(cfg: Config, run_dir: str, *, progress: bool = True, log=print) -> dict:
-    """Train (or resume) a run in ``run_dir``; returns a summary with the last metrics record."""
+    """Train (or resume) a run in ``run_dir``; returns a summary with the last metrics record.
+
+    Multi-process (``cfg.distributed``): every process calls this with the same config and run directory
+    (a shared file system or a gs:// path); see passrate_jax/distributed.py for how hosts stay in step."""
+    distributed.initialize(cfg.distributed)  # before any other JAX call
+    primary = distributed.is_primary()
+    if not primary:
+        log = _quiet
     os.makedirs(run_dir, exist_ok=True)
     ckpt = RunCheckpointer(run_dir, keep=cfg.checkpoint.keep, async_save=cfg.checkpoint.async_save)
     resume_from = ckpt.latest_step()
@@ -114,9 +126,10 @@ def train(cfg: Config, run_dir: str, *, progress: bool = True, log=print) -> dic
     fns = make_train_step(session.graphdef, session.params, cfg.rl, optimizer, session.mesh)
     start, rollouts_total, useful_total = 0, 0, 0
     if resume_from is None:
-        session.warm_start(progress=progress)
-    with open(os.path.join(run_dir, "config.yaml"), "w") as f:  # a resume may extend steps: keep it current
-        f.write(dump_config(cfg))
+        session.warm_start(progress=progress and primary)
+    if primary:
+        with open(os.path.join(run_dir, "config.yaml"), "w") as f:  # a resume may extend steps: keep it current
+            f.write(dump_config(cfg))
     params = jax.device_put(session.params, fns.param_shardings)
     opt_state = fns.init(params)
     # The KL term's frozen reference policy: the parameters training starts from (after the warm start).
@@ -137,7 +150,7 @@ def train(cfg: Config, run_dir: str, *, progress: bool = True, log=print) -> dic
         store.load_json(meta["store"])
         start, rollouts_total, useful_total = int(meta["step"]), int(meta["rollouts_total"]), int(meta["useful_total"])
         log(f"resuming {run_dir} from the checkpoint of step {start}")
-    writer = MetricsWriter(run_dir, tensorboard=cfg.logging.tensorboard, truncate_after=start)
+    writer = MetricsWriter(run_dir, tensorboard=cfg.logging.tensorboard, truncate_after=start, enabled=primary)
     if resume_from is None:
         # Step 0: the starting point (after the warm start) that training is measured against.
         ev = session.evaluate(params, seed=cfg.seed)
@@ -149,7 +162,7 @@ def train(cfg: Config, run_dir: str, *, progress: bool = True, log=print) -> dic
                                              "useful_total": useful_total, "store": store.to_json()})
 
     bar = None
-    if progress and cfg.logging.progress_bar:
+    if progress and cfg.logging.progress_bar and primary:
         from tqdm import tqdm
         bar = tqdm(total=cfg.steps, initial=start, desc="train", unit="step", dynamic_ncols=True)
     record: dict = {}
@@ -181,10 +194,12 @@ def train(cfg: Config, run_dir: str, *, progress: bool = True, log=print) -> dic
                     batch = batch.replace(ref_logprobs=ref_logprobs(ref_params, batch))
                 params, opt_state, update = fns.step(params, opt_state, batch,
                                                      jax.random.fold_in(jax.random.key(cfg.seed), step))
-                record.update({f"update/{k}": v for k, v in jax.device_get(update).items()})
+                record.update({f"update/{k}": v for k, v in distributed.to_host(update).items()})
                 if record["update/skipped_steps"] > 0:
                     log(f"step {step}: update skipped (non-finite loss or gradient); "
                         f"{int(record['update/total_skipped_steps'])} skipped so far")
+            distributed.check_same_on_every_host(f"step {step}'s rollouts and decisions", ro.rewards,
+                                                 [(g.group_key, g.rewards) for g in groups])
             alloc_state = ro.state
             store.retain(ro.result.retained_keys)
             t2 = time.perf_counter()
@@ -235,7 +250,7 @@ def run(args) -> int:
     run_dir = args.run_dir or os.path.join("runs", name)
     summary = train(cfg, run_dir, progress=not args.no_progress)
     last = summary["last"]
-    if last:
+    if last and distributed.is_primary():
         shown = {k: last[k] for k in ("step", "rollouts_total", "train_accuracy", "valid_group_fraction",
                                       "useful_rollout_fraction", "eval_accuracy") if k in last}
         print(f"run {run_dir}: " + ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"

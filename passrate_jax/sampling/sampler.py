@@ -22,6 +22,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from passrate_jax import sharding as shd
 from passrate_jax.config import MeshConfig
+from passrate_jax.distributed import to_host
 from passrate_jax.model.transformer import KVCache
 from passrate_jax.sampling import core
 from passrate_jax.sampling.config import SamplingConfig
@@ -221,8 +222,9 @@ class Sampler:
         replicated = NamedSharding(self.mesh, P())
         final = self._decode(params, prefilled, rows, jax.device_put(np.int32(seed), replicated),
                              jax.device_put(stop_ids, replicated), settings)
-        out = jax.device_get((final.tokens_rg, final.logprobs_rg, final.policy_logprobs_rg, final.length_r,
-                              final.stopped_r))
+        # to_host gathers rows living on other hosts' devices: every host gets every completion.
+        out = to_host((final.tokens_rg, final.logprobs_rg, final.policy_logprobs_rg, final.length_r,
+                       final.stopped_r))
         tok, lp, plp, length, stopped = (np.asarray(x)[:n_rows] for x in out)
         return SampleResult(
             context_index=ctx_index, sample_index=sample_index, tokens=tok, logprobs=lp, policy_logprobs=plp,
