@@ -1,0 +1,161 @@
+"""``passrate-jax study``: every allocation method side by side on the built-in task, matched seeds, the
+same rollout accounting, one command (issue 10; the analysis and report are in ``study_report.py``).
+
+    passrate-jax study --quick                      # < 10 min on a 2-core CPU: 1 seed, short runs
+    passrate-jax study --seeds 0 1 2                # the full study (see docs/results.md for its runtime)
+
+Each (method, seed) is an ordinary training run in ``OUT/runs/<method>/seed<k>`` built from one base
+preset plus the method's overrides, so everything but the allocation is identical across methods (the
+model, the cached warm start of that seed, the data, the optimizer, the evaluation). A study is
+resumable: runs already finished are read back, not retrained. Wall-clock seconds are measured on this
+machine as the runs go; the rollout counts do not depend on the machine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import platform
+import time
+
+from passrate_jax.configlib import ConfigError
+
+# name -> (label, config overrides on top of the base preset). Each name has a preset of the same
+# composition in configs/ (tests/test_study.py checks they agree).
+METHODS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "grpo": ("GRPO (uniform)", ("allocation.method=uniform",)),
+    "dapo_ds": ("DAPO dynamic sampling", ("allocation.method=ds",)),
+    "mopps": ("MoPPS", ("allocation.method=uniform", "allocation.selection.method=mopps")),
+    "dps": ("DPS", ("allocation.method=uniform", "allocation.selection.method=dps")),
+    "sara": ("SARA", ("allocation.method=sara",)),
+    "sara_dps": ("SARA + DPS", ("allocation.method=sara", "allocation.selection.method=dps")),
+    "pilot_commit": ("Pilot-Commit", ("allocation.method=pilot_commit",)),
+    "ps_fixed": ("PS fixed 0.25", ("allocation.method=uniform", "prefix_sampling.enabled=true",
+                                   "prefix_sampling.mode=fixed", "prefix_sampling.ratio_init=0.25")),
+    "ps_hard_only": ("PS hard-only", ("allocation.method=uniform", "prefix_sampling.enabled=true",
+                                      "prefix_sampling.mode=hard_only")),
+    "ps_adaptive": ("PS adaptive", ("allocation.method=uniform", "prefix_sampling.enabled=true",
+                                    "prefix_sampling.mode=adaptive")),
+    "ps_sara": ("PS + SARA", ("allocation.method=sara", "prefix_sampling.enabled=true",
+                              "prefix_sampling.mode=adaptive")),
+    "ps_sara_dps": ("PS + SARA + DPS", ("allocation.method=sara", "allocation.selection.method=dps",
+                                        "prefix_sampling.enabled=true", "prefix_sampling.mode=adaptive")),
+}
+# Every method starts from "no selection, no PS"; its overrides switch on what it uses.
+NEUTRAL = ("allocation.selection.method=none", "prefix_sampling.enabled=false")
+
+# Shorter runs for --quick: one seed, fewer and smaller steps, a smaller held-out set.
+QUICK = ("steps=12", "eval_every=4", "data.eval_size=128", "allocation.num_prompts=8",
+         "optimizer.decay_steps=10", "optimizer.warmup_steps=2")
+# The full study evaluates more often than the default run so that time-to-target has resolution.
+FULL = ("eval_every=5",)
+
+
+@dataclasses.dataclass(frozen=True)
+class StudyPlan:
+    base_config: str
+    methods: tuple[str, ...]
+    seeds: tuple[int, ...]
+    overrides: tuple[str, ...]
+    out_dir: str
+    quick: bool
+
+    def run_dir(self, method: str, seed: int) -> str:
+        return os.path.join(self.out_dir, "runs", method, f"seed{seed}")
+
+    def config_overrides(self, method: str, seed: int) -> list[str]:
+        return [*(QUICK if self.quick else FULL), *NEUTRAL, *METHODS[method][1], f"seed={seed}",
+                "logging.progress_bar=false", "logging.tensorboard=false", *self.overrides]
+
+
+def make_plan(base_config: str, methods, seeds, overrides, out_dir: str, quick: bool) -> StudyPlan:
+    """Validate the request (every config is built here, before any compute)."""
+    from passrate_jax.config import load_config
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        raise ConfigError(f"--methods {' '.join(unknown)}: unknown; known: {' '.join(METHODS)}")
+    if "grpo" not in methods:
+        raise ConfigError(f"--methods {' '.join(methods)}: the study needs grpo, the baseline that sets the target")
+    if len(set(seeds)) != len(seeds) or any(s < 0 for s in seeds):
+        raise ConfigError(f"--seeds {' '.join(map(str, seeds))}: need distinct non-negative seeds")
+    plan = StudyPlan(base_config, tuple(methods), tuple(seeds), tuple(overrides), out_dir, quick)
+    for m in plan.methods:
+        for s in plan.seeds:
+            load_config(base_config, plan.config_overrides(m, s))
+    return plan
+
+
+def _finished(run_dir: str, steps: int) -> bool:
+    from passrate_jax.metrics import read_jsonl
+    path = os.path.join(run_dir, "metrics.jsonl")
+    if not os.path.exists(path):
+        return False
+    records = read_jsonl(path)
+    return bool(records) and records[-1].get("step") == steps and "eval_accuracy" in records[-1]
+
+
+def run_study(plan: StudyPlan, *, progress: bool = True) -> dict:
+    """Train every (method, seed) not yet finished, then return the analysis of all of them (see
+    :func:`passrate_jax.study_report.analyse`)."""
+    import jax
+
+    from passrate_jax.config import load_config
+    from passrate_jax.study_report import analyse
+    from passrate_jax.train import train
+
+    # Every run builds the same sampler and update programs: compile them once for the whole study.
+    jax.config.update("jax_compilation_cache_dir", os.path.join(plan.out_dir, "xla_cache"))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+    jobs = [(m, s) for s in plan.seeds for m in plan.methods]  # seed-major: a partial study is balanced
+    bar = None
+    if progress:
+        from tqdm import tqdm
+        bar = tqdm(total=len(jobs), desc="study", unit="run", dynamic_ncols=True)
+    t0 = time.perf_counter()
+    for method, seed in jobs:
+        cfg = load_config(plan.base_config, plan.config_overrides(method, seed))
+        run_dir = plan.run_dir(method, seed)
+        if bar is not None:
+            bar.set_postfix(run=f"{method}/seed{seed}", refresh=True)
+        if not _finished(run_dir, cfg.steps):
+            train(cfg, run_dir, progress=False, log=lambda *a: None)
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    analysis = analyse(plan)
+    analysis["study_seconds"] = time.perf_counter() - t0
+    analysis["machine"] = f"{platform.platform()}, {os.cpu_count()} CPU cores, jax {jax.__version__} " \
+                          f"on {jax.default_backend()}"
+    return analysis
+
+
+def add_subparser(subparsers) -> None:
+    p = subparsers.add_parser("study", help="every allocation method side by side (matched seeds, rollouts to "
+                                            "target accuracy), written to a Markdown report with plots")
+    p.add_argument("--config", default="configs/default.yaml", help="base preset every method starts from")
+    p.add_argument("--quick", action="store_true", help="1 seed, 12 short steps: under 10 minutes on 2 CPU cores")
+    p.add_argument("--seeds", type=int, nargs="+", default=None, help="default: 0 1 2 (--quick: 0)")
+    p.add_argument("--methods", nargs="+", default=list(METHODS), help=f"default: all ({' '.join(METHODS)})")
+    p.add_argument("--out", default=None, help="study directory (default: runs/study or runs/study_quick)")
+    p.add_argument("--report", default=None, help="Markdown report (default: OUT/results.md)")
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("overrides", nargs="*", metavar="key.sub=value", help="applied to every run")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    import shlex
+    import sys
+
+    seeds = args.seeds if args.seeds is not None else ([0] if args.quick else [0, 1, 2])
+    out = args.out or os.path.join("runs", "study_quick" if args.quick else "study")
+    plan = make_plan(args.config, args.methods, seeds, args.overrides, out, args.quick)
+    from passrate_jax.study_report import write_report
+    analysis = run_study(plan, progress=not args.no_progress)
+    report = args.report or os.path.join(out, "results.md")
+    command = "passrate-jax " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    paths = write_report(plan, analysis, report, command=command)
+    print(f"study of {len(plan.methods)} methods x {len(plan.seeds)} seeds in {analysis['study_seconds']:.0f} s: "
+          + ", ".join(paths))
+    return 0
