@@ -39,7 +39,8 @@ class RunCheckpointer:
     """
 
     def __init__(self, directory: str | os.PathLike, keep: int = 3, async_save: bool = True):
-        self.path = os.path.abspath(os.path.join(os.fspath(directory), "checkpoints"))
+        directory = os.fspath(directory)  # a local path or a gs:// URL (Orbax writes both)
+        self.path = os.path.join(directory if "://" in directory else os.path.abspath(directory), "checkpoints")
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save,
                                                create=True)
         self._manager = ocp.CheckpointManager(

@@ -52,6 +52,10 @@ def add_subparsers(subparsers) -> None:
 
 def run_eval(args) -> int:
     from passrate_jax.config import load_config
+    from passrate_jax.metrics import is_remote
+    if is_remote(args.run_dir):
+        raise ConfigError(f"--run-dir {args.run_dir!r}: eval reads a local run directory; copy it first "
+                          "(gcloud storage cp -r URL runs/)")
     path = os.path.join(args.run_dir, "config.yaml")
     if not os.path.exists(path):
         raise ConfigError(f"{path} does not exist: is {args.run_dir!r} a run directory?")

@@ -12,6 +12,7 @@ import os
 from typing import Any
 
 import numpy as np
+from etils import epath
 
 
 def to_python(value: Any) -> Any:
@@ -28,16 +29,21 @@ def to_python(value: Any) -> Any:
     return value
 
 
+def is_remote(path: str | os.PathLike) -> bool:
+    """A URL such as ``gs://bucket/run`` (read and written through etils.epath) rather than a local path."""
+    return "://" in os.fspath(path)
+
+
 def read_jsonl(path: str | os.PathLike) -> list[dict]:
-    """All records of a metrics file, in order."""
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+    """All records of a metrics file (a local path or a ``gs://`` URL), in order."""
+    return [json.loads(line) for line in epath.Path(path).read_text().splitlines() if line.strip()]
 
 
 class MetricsWriter:
     """Appends step records to ``run_dir/metrics.jsonl`` and, optionally, TensorBoard events under
     ``run_dir/tensorboard``. Appending lets a resumed run continue the same file; ``truncate_after``
-    drops records past the checkpoint a run resumes from, so no step appears twice."""
+    drops records past the checkpoint a run resumes from, so no step appears twice. A ``gs://`` run
+    directory has no append: the file is rewritten whole at every step (a few KB per step)."""
 
     def __init__(self, run_dir: str | os.PathLike, tensorboard: bool = True, truncate_after: int | None = None,
                  enabled: bool = True):
@@ -45,13 +51,16 @@ class MetricsWriter:
         self._tb = None
         if not enabled:
             return
-        os.makedirs(run_dir, exist_ok=True)
-        self.path = os.path.join(os.fspath(run_dir), "metrics.jsonl")
-        if truncate_after is not None and os.path.exists(self.path):
-            kept = [r for r in read_jsonl(self.path) if r.get("step", 0) <= truncate_after]
-            with open(self.path, "w") as f:
-                f.writelines(json.dumps(r) + "\n" for r in kept)
-        self._file = open(self.path, "a")
+        epath.Path(run_dir).mkdir(parents=True, exist_ok=True)
+        self.path = epath.Path(run_dir) / "metrics.jsonl"
+        self._remote = is_remote(run_dir)
+        self._lines: list[str] = []
+        if self.path.exists():
+            self._lines = [json.dumps(r) + "\n" for r in read_jsonl(self.path)
+                           if truncate_after is None or r.get("step", 0) <= truncate_after]
+            if truncate_after is not None:
+                self.path.write_text("".join(self._lines))
+        self._file = None if self._remote else open(self.path, "a")
         if tensorboard:
             from tensorboardX import SummaryWriter
             self._tb = SummaryWriter(os.path.join(os.fspath(run_dir), "tensorboard"))
@@ -61,8 +70,13 @@ class MetricsWriter:
         if not self.enabled:
             return
         record = to_python(record)
-        self._file.write(json.dumps(record) + "\n")
-        self._file.flush()
+        line = json.dumps(record) + "\n"
+        if self._file is not None:
+            self._file.write(line)
+            self._file.flush()
+        else:
+            self._lines.append(line)
+            self.path.write_text("".join(self._lines))
         if self._tb is not None:
             step = int(record["step"])
             for key, value in flatten(record):
@@ -72,7 +86,8 @@ class MetricsWriter:
     def close(self) -> None:
         if not self.enabled:
             return
-        self._file.close()
+        if self._file is not None:
+            self._file.close()
         if self._tb is not None:
             self._tb.close()
 

@@ -17,6 +17,7 @@ import time
 import jax
 import jax.numpy as jnp
 import yaml
+from etils import epath
 
 from passrate_jax import distributed
 from passrate_jax.allocation import Allocator, state_from_dict, state_to_dict
@@ -83,11 +84,10 @@ RESUMABLE_CHANGES = ("steps", "eval_every", "checkpoint", "logging", "distribute
 def resume_conflicts(cfg: Config, run_dir: str) -> list[str]:
     """Keys whose value differs from the run directory's ``config.yaml`` and that a resume may not change,
     as ``"key: saved -> now"`` lines (empty when there is no saved config)."""
-    path = os.path.join(run_dir, "config.yaml")
-    if not os.path.exists(path):
+    path = epath.Path(run_dir) / "config.yaml"
+    if not path.exists():
         return []
-    with open(path) as f:
-        saved = dict(flatten(yaml.safe_load(f) or {}, sep="."))
+    saved = dict(flatten(yaml.safe_load(path.read_text()) or {}, sep="."))
     now = dict(flatten(to_dict(cfg), sep="."))
     return [f"{k}: {saved.get(k)!r} -> {now.get(k)!r}" for k in sorted(set(saved) | set(now))
             if saved.get(k) != now.get(k) and k.split(".")[0] not in RESUMABLE_CHANGES]
@@ -102,7 +102,7 @@ def train(cfg: Config, run_dir: str, *, progress: bool = True, log=print) -> dic
     primary = distributed.is_primary()
     if not primary:
         log = _quiet
-    os.makedirs(run_dir, exist_ok=True)
+    epath.Path(run_dir).mkdir(parents=True, exist_ok=True)  # local, or gs:// seen by every host
     ckpt = RunCheckpointer(run_dir, keep=cfg.checkpoint.keep, async_save=cfg.checkpoint.async_save)
     resume_from = ckpt.latest_step()
     if resume_from is not None:
@@ -128,8 +128,7 @@ def train(cfg: Config, run_dir: str, *, progress: bool = True, log=print) -> dic
     if resume_from is None:
         session.warm_start(progress=progress and primary)
     if primary:
-        with open(os.path.join(run_dir, "config.yaml"), "w") as f:  # a resume may extend steps: keep it current
-            f.write(dump_config(cfg))
+        (epath.Path(run_dir) / "config.yaml").write_text(dump_config(cfg))  # a resume may extend steps
     params = jax.device_put(session.params, fns.param_shardings)
     opt_state = fns.init(params)
     # The KL term's frozen reference policy: the parameters training starts from (after the warm start).

@@ -30,3 +30,20 @@ def test_jsonl_tensorboard_and_truncation(tmp_path):
     w.write({"step": 3, "loss": 9.0})
     w.close()
     assert [(r["step"], r["loss"]) for r in read_jsonl(tmp_path / "metrics.jsonl")] == [(1, 1.0), (2, 0.5), (3, 9.0)]
+
+
+def test_remote_run_directory_is_rewritten_whole(tmp_path, monkeypatch):
+    # gs:// has no append: the writer keeps the records and rewrites the file (exercised on a local path).
+    from passrate_jax import metrics
+    monkeypatch.setattr(metrics, "is_remote", lambda path: True)
+    w = metrics.MetricsWriter(tmp_path, tensorboard=False)
+    assert w._file is None
+    for step in range(1, 4):
+        w.write({"step": step, "x": float(step)})
+    w.close()
+    assert [r["step"] for r in metrics.read_jsonl(tmp_path / "metrics.jsonl")] == [1, 2, 3]
+    w = metrics.MetricsWriter(tmp_path, tensorboard=False, truncate_after=2)  # a resume from step 2
+    w.write({"step": 3, "x": 30.0})
+    w.close()
+    assert [(r["step"], r["x"]) for r in metrics.read_jsonl(tmp_path / "metrics.jsonl")] == [(1, 1.0), (2, 2.0),
+                                                                                            (3, 30.0)]
