@@ -23,9 +23,14 @@ from passrate_jax.sampling.config import SamplingConfig
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
     """Where prompts come from, how the model sees them, and how its answers are scored (passrate_jax/data)."""
-    source: Literal["builtin", "jsonl", "parquet", "tfds"] = option(
-        "builtin", doc="builtin: procedural task; jsonl/parquet: local file at path; tfds: array_record TFDS dataset")
+    source: Literal["builtin", "jsonl", "parquet", "tfds", "env"] = option(
+        "builtin", doc="builtin: procedural task; jsonl/parquet: local file at path; tfds: array_record TFDS dataset; "
+                       "env: multi-turn environment data.env (sampling.max_new_tokens is then per assistant turn)")
     task: Literal["arithmetic", "countdown"] = option("arithmetic", doc="built-in task (source builtin)")
+    env: Literal["calculator", "files"] = option("calculator", doc="multi-turn environment (source env; "
+                                                                   "passrate_jax/envs)")
+    max_turns: int = option(0, ge=0, doc="source env: assistant turns before an episode is cut off (reward of its "
+                                         "state then); 0: the environment's default")
     seed: int = option(0, ge=0, doc="seed of the epoch shuffles and of the built-in problems")
     level: int = option(0, ge=0, doc="built-in difficulty level; 0 draws one per problem")
     max_level: int = option(0, ge=0, doc="with level 0: draw levels 1..max_level (0: every level)")
@@ -59,6 +64,15 @@ class DataConfig:
 
         if self.template.count("{prompt}") != 1:
             raise ConfigError(f"template = {self.template!r}: must contain {{prompt}} exactly once")
+        if self.source == "env":
+            from passrate_jax.envs import ENVS
+
+            levels = ENVS[self.env].levels
+            if self.level > levels or self.max_level > levels:
+                raise ConfigError(f"level = {self.level}, max_level = {self.max_level}: environment {self.env} has "
+                                  f"levels 1..{levels} (0: all)")
+            if self.chat_template:
+                raise ConfigError("chat_template = True: not supported with source env (turns are plain lines)")
         levels = len(TASKS[self.task].levels)
         if self.source == "builtin" and self.level > levels:
             raise ConfigError(f"level = {self.level}: {self.task} has levels 1..{levels} (0: mixed)")
@@ -82,6 +96,8 @@ class DataConfig:
         """The verifier ``auto`` stands for: the task's own for built-in data, math equivalence otherwise."""
         if self.verifier != "auto":
             return self.verifier
+        if self.source == "env":  # the environment scores its own episodes; nothing to start a math pool for
+            return "exact"
         return "task" if self._builtin_data else "math"
 
 

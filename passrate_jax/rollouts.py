@@ -116,16 +116,24 @@ def batch_arrays(store: RolloutStore, groups: Sequence[TrainGroup], *, rows: int
             masks.append([0] * len(context) + [1] * len(comp))
             rewards.append(float(tg.rewards[i]))
             gids.append(gi)
+    return pack_rows(seqs, masks, rewards, gids, num_groups=len(groups), rows=rows, width_buckets=width_buckets,
+                     pad_id=pad_id)
+
+
+def pack_rows(seqs, masks, rewards, group_ids, *, num_groups: int, rows: int, width_buckets: Sequence[int],
+              pad_id: int) -> dict[str, np.ndarray]:
+    """Token sequences with their loss masks, rewards and group ids as the padded arrays of
+    :func:`batch_arrays` (shared with the multi-turn environments' batch builder)."""
     if len(seqs) > rows:
         raise ValueError(f"{len(seqs)} rollouts to train on exceed the batch of {rows} rows")
     width = bucket(max(len(s) for s in seqs), width_buckets)
     out = {"tokens": np.full((rows, width), pad_id, np.int32), "attention_mask": np.zeros((rows, width), np.int32),
            "loss_mask": np.zeros((rows, width), np.int32), "rewards": np.zeros((rows,), np.float32),
-           "group_ids": np.arange(rows, dtype=np.int32) + len(groups)}
+           "group_ids": np.arange(rows, dtype=np.int32) + num_groups}
     for i, (s, m) in enumerate(zip(seqs, masks)):
         out["tokens"][i, :len(s)] = s
         out["attention_mask"][i, :len(s)] = 1
         out["loss_mask"][i, :len(s)] = m
     out["rewards"][:len(seqs)] = rewards
-    out["group_ids"][:len(seqs)] = gids
+    out["group_ids"][:len(seqs)] = group_ids
     return out

@@ -96,9 +96,12 @@ class Session:
         return {**self.source.metrics(), **{f"verifier/{k}": v for k, v in self.rewarder.metrics().items()}}
 
     def warm_start(self, progress: bool = True) -> dict | None:
-        """The supervised warm start the config asks for (built-in tasks only); updates the model."""
+        """The supervised warm start the config asks for (built-in tasks and environments); updates the model."""
         if not self.cfg.warm_start.enabled or self.cfg.warm_start.steps == 0:
             return None
+        if self.cfg.data.source == "env":  # expert trajectories, executed in the environment
+            from passrate_jax.envs import data as env_data
+            return env_data.warm_start(self, progress)
         if self.cfg.data.source != "builtin":
             self.log("warm start: skipped (only the built-in tasks have reference solutions)")
             return None
@@ -106,7 +109,11 @@ class Session:
         return run_warm_start(self.cfg, self.model, self.tokenizer, progress=progress, log=self.log)
 
     def evaluate(self, params, *, seed: int = 0, num_samples: int = 0, ks=(1,)) -> dict:
-        """Greedy held-out accuracy (overall and per level) of ``params``; pass@k with ``num_samples``."""
+        """Greedy held-out accuracy (overall and per level) of ``params``; pass@k with ``num_samples``.
+        Environments: success of whole episodes (``passrate_jax.envs.data.evaluate``)."""
+        if self.cfg.data.source == "env":
+            from passrate_jax.envs import data as env_data
+            return env_data.evaluate(self, params, seed=seed, num_samples=num_samples, ks=ks)
         def verifier(record):
             return lambda text: float(self.score([record], [text])[0])
         prompts = [EvalPrompt(ids, verifier(r), int(r.metadata.get("level", 0)))

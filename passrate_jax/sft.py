@@ -31,14 +31,19 @@ def encode_example(tokenizer, prompt: str, response: str, max_len: int) -> tuple
     tokens (aligned with the tokens: token t is predicted from position t - 1)."""
     p = tokenizer.encode(prompt, add_bos=True)
     r = tokenizer.encode(response) + [tokenizer.eos_id]
-    if len(p) + len(r) > max_len:
-        raise ValueError(f"warm_start.max_len = {max_len}: an example needs {len(p) + len(r)} tokens "
-                         f"({prompt!r} + {response!r})")
-    tokens = np.full((max_len,), tokenizer.pad_id, np.int32)
-    mask = np.zeros((max_len,), np.float32)
-    tokens[:len(p) + len(r)] = p + r
-    mask[len(p):len(p) + len(r)] = 1.0
-    return tokens, mask
+    return pack_example(p + r, [0] * len(p) + [1] * len(r), max_len, tokenizer.pad_id, f"{prompt!r} + {response!r}")
+
+
+def pack_example(ids, mask, max_len: int, pad_id: int, what: str = "") -> tuple[np.ndarray, np.ndarray]:
+    """Token ids and their 0/1 loss mask (aligned with the ids) right-padded to ``max_len``; ValueError
+    naming ``warm_start.max_len`` when the example (described by ``what``) does not fit."""
+    if len(ids) > max_len:
+        raise ValueError(f"warm_start.max_len = {max_len}: an example needs {len(ids)} tokens ({what})")
+    tokens = np.full((max_len,), pad_id, np.int32)
+    weights = np.zeros((max_len,), np.float32)
+    tokens[:len(ids)] = ids
+    weights[:len(ids)] = mask
+    return tokens, weights
 
 
 def sft_batch(task_name: str, seed: int, step: int, batch_size: int, tokenizer, max_len: int, max_level: int = 0):
@@ -68,9 +73,12 @@ def make_sft_step(graphdef, optimizer: optax.GradientTransformation):
 def cache_key(cfg: Config) -> str:
     """Hash of everything that determines the warm-start result (not its cache location)."""
     ws = dataclasses.replace(cfg.warm_start, cache_dir=None)
-    blob = json.dumps({"model": to_dict(cfg.model), "warm_start": to_dict(ws), "task": cfg.data.task,
-                       "max_level": cfg.data.max_level,
-                       "seed": cfg.seed, "version": 1}, sort_keys=True)
+    data = {"model": to_dict(cfg.model), "warm_start": to_dict(ws), "task": cfg.data.task,
+            "max_level": cfg.data.max_level, "seed": cfg.seed, "version": 1}
+    if cfg.data.source == "env":  # only then, so the built-in tasks' cached warm starts stay valid
+        data.update(env=cfg.data.env, level=cfg.data.level, max_turns=cfg.data.max_turns,
+                    template=cfg.data.template, data_seed=cfg.data.seed)
+    blob = json.dumps(data, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -93,8 +101,10 @@ def _unflat(flat: dict[str, np.ndarray], like):
 
 
 def run_warm_start(cfg: Config, model: nnx.Module, tokenizer, *, progress: bool = True,
-                   log=print) -> dict:
+                   log=print, batches=None) -> dict:
     """Train ``model`` in place on the task's reference solutions, or load the cached result.
+    ``batches(step) -> (tokens, mask)`` replaces the built-in tasks' batches (:func:`sft_batch`), e.g.
+    with expert trajectories of an environment (``passrate_jax.envs.data``).
 
     Returns a summary dict: ``cached`` (bool), ``steps``, ``final_loss`` (None when cached), ``path``.
     """
@@ -119,8 +129,8 @@ def run_warm_start(cfg: Config, model: nnx.Module, tokenizer, *, progress: bool 
         bar = tqdm(total=ws.steps, desc="warm start", unit="step", dynamic_ncols=True)
     loss = None
     for step in range(ws.steps):
-        tokens, mask = sft_batch(cfg.data.task, cfg.seed, step, ws.batch_size, tokenizer, ws.max_len,
-                                 cfg.data.max_level)
+        tokens, mask = batches(step) if batches is not None else sft_batch(
+            cfg.data.task, cfg.seed, step, ws.batch_size, tokenizer, ws.max_len, cfg.data.max_level)
         params, opt_state, loss = step_fn(params, opt_state, tokens, mask)
         if bar is not None:
             bar.update(1)

@@ -24,6 +24,9 @@ from passrate_jax.allocation import Allocator, state_from_dict, state_to_dict
 from passrate_jax.checkpoint import RunCheckpointer
 from passrate_jax.config import Config, dump_config
 from passrate_jax.configlib import ConfigError, to_dict
+from passrate_jax.envs import data as env_data
+from passrate_jax.envs.loop import collect_env_rollouts, env_rollout_metrics
+from passrate_jax.envs.rollouts import env_batch_arrays
 from passrate_jax.loop import collect_rollouts, rollout_metrics
 from passrate_jax.metrics import MetricsWriter, flatten
 from passrate_jax.rl.batch import make_train_batch
@@ -89,8 +92,11 @@ def resume_conflicts(cfg: Config, run_dir: str) -> list[str]:
         return []
     saved = dict(flatten(yaml.safe_load(path.read_text()) or {}, sep="."))
     now = dict(flatten(to_dict(cfg), sep="."))
+    # A key added to the config after the run was saved is no conflict while it holds its default.
+    defaults = dict(flatten(to_dict(Config()), sep="."))
     return [f"{k}: {saved.get(k)!r} -> {now.get(k)!r}" for k in sorted(set(saved) | set(now))
-            if saved.get(k) != now.get(k) and k.split(".")[0] not in RESUMABLE_CHANGES]
+            if saved.get(k) != now.get(k) and k.split(".")[0] not in RESUMABLE_CHANGES
+            and not (k not in saved and now.get(k) == defaults.get(k))]
 
 
 def train(cfg: Config, run_dir: str, *, progress: bool = True, log=print) -> dict:
@@ -120,7 +126,8 @@ def train(cfg: Config, run_dir: str, *, progress: bool = True, log=print) -> dic
         raise ConfigError(f"allocation.num_prompts * group_size = {rows_unit}: must be divisible by mesh data * "
                           f"fsdp * rl.minibatches * rl.grad_accum = {shards}")
     allocator = Allocator(alloc_cfg, cfg.prefix_sampling, num_prompts=len(session.prompts))
-    store = RolloutStore(session.prompt_ids, session.newline_id)
+    env_run = cfg.data.source == "env"  # a multi-turn environment: its own store, rollout loop and batch builder
+    store = env_data.make_store(session) if env_run else RolloutStore(session.prompt_ids, session.newline_id)
     alloc_state = allocator.init(jax.random.key_data(jax.random.key(cfg.seed)))
     optimizer = make_optimizer(cfg.optimizer)
     fns = make_train_step(session.graphdef, session.params, cfg.rl, optimizer, session.mesh)
@@ -170,11 +177,15 @@ def train(cfg: Config, run_dir: str, *, progress: bool = True, log=print) -> dic
         step = start
         for step in range(start + 1, cfg.steps + 1):
             t0 = time.perf_counter()
-            ro = collect_rollouts(allocator, alloc_state, store, session.sampler, params,
-                                  seed=_step_seed(cfg.seed, step), max_new_tokens=cfg.sampling.max_new_tokens,
-                                  decode=session.decode, verify=session.verify)
+            if env_run:
+                ro = collect_env_rollouts(allocator, alloc_state, store, session.sampler, params,
+                                          seed=_step_seed(cfg.seed, step), max_new_tokens=cfg.sampling.max_new_tokens)
+            else:
+                ro = collect_rollouts(allocator, alloc_state, store, session.sampler, params,
+                                      seed=_step_seed(cfg.seed, step), max_new_tokens=cfg.sampling.max_new_tokens,
+                                      decode=session.decode, verify=session.verify)
             t1 = time.perf_counter()
-            record = {"step": step, **rollout_metrics(allocator, ro)}
+            record = {"step": step, **(env_rollout_metrics if env_run else rollout_metrics)(allocator, ro)}
             rollouts_total += ro.result.rollouts_spent
             useful_total += record["useful_rollouts"]
             record["rollouts_total"] = rollouts_total
@@ -182,9 +193,9 @@ def train(cfg: Config, run_dir: str, *, progress: bool = True, log=print) -> dic
             record["useful_rollout_fraction"] = useful_total / max(rollouts_total, 1)
             groups = ro.result.groups
             if groups:
-                arrays = batch_arrays(store, groups, rows=bucket(sum(len(g.rewards) for g in groups),
-                                                                     [rows_unit * k for k in (1, 2, 4, 8)]),
-                                      width_buckets=WIDTH_BUCKETS, pad_id=session.tokenizer.pad_id)
+                rows = bucket(sum(len(g.rewards) for g in groups), [rows_unit * k for k in (1, 2, 4, 8)])
+                arrays = (env_batch_arrays if env_run else batch_arrays)(
+                    store, groups, rows=rows, width_buckets=WIDTH_BUCKETS, pad_id=session.tokenizer.pad_id)
                 batch = make_train_batch(arrays["tokens"], arrays["attention_mask"], arrays["loss_mask"],
                                          arrays["rewards"], arrays["group_ids"], estimator=cfg.rl.advantage,
                                          eps=cfg.rl.advantage_eps)

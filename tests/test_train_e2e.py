@@ -240,3 +240,17 @@ def test_resume_refuses_a_different_config_but_extends_steps(tmp_path, fake_veri
     summary = train(longer, str(tmp_path), progress=False, log=messages.append)
     assert summary["step"] == 2 and any("resuming" in m for m in messages)
     assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [0, 1, 2]
+
+
+def test_resume_accepts_keys_added_since_the_run_was_saved(tmp_path):
+    import yaml
+
+    from passrate_jax.config import dump_config
+    from passrate_jax.train import resume_conflicts
+    cfg = load_config(None, TINY)
+    saved = yaml.safe_load(dump_config(cfg))
+    del saved["data"]["verify_workers"]  # as if the option did not exist when the run was saved
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(saved))
+    assert resume_conflicts(cfg, str(tmp_path)) == []
+    changed = load_config(None, TINY + ["data.verify_workers=3"])  # a non-default value still conflicts
+    assert resume_conflicts(changed, str(tmp_path)) == ["data.verify_workers: None -> 3"]

@@ -341,6 +341,11 @@ def make_source(cfg) -> PromptSource:
         case "jsonl" | "parquet":
             return file_source(cfg.path, cfg.eval_path, file_format=cfg.source, fields=fields,
                                skip_bad_rows=cfg.skip_bad_rows, **common)
+        case "env":
+            from passrate_jax.envs.data import env_source
+
+            return env_source(cfg.env, level=cfg.level or None, train_size=cfg.train_size, max_level=cfg.max_level,
+                              **common)
         case "tfds":
             from passrate_jax.data.tfds_builtin import BUILDER_NAME, tfds_source
 
