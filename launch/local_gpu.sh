@@ -30,33 +30,14 @@ usage: launch/local_gpu.sh --config FILE [--run-dir DIR] [--venv DIR] [--install
 EOF
 }
 
-die() { echo "local_gpu.sh: $*" >&2; exit 2; }
-
-shq() {
-  if [[ -n "$1" && "$1" =~ ^[A-Za-z0-9_@%+=:,./-]+$ ]]; then
-    printf '%s' "$1"
-  else
-    printf "'%s'" "${1//\'/\'\\\'\'}"
-  fi
-}
-
-run() {
-  local out="" word
-  for word in "$@"; do out+="$(shq "$word") "; done
-  if [[ $DRY_RUN == 1 ]]; then
-    echo "${out% }"
-  else
-    echo "+ ${out% }" >&2
-    "$@"
-  fi
-}
-
+SCRIPT=local_gpu.sh
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# shellcheck source=launch/common.sh
+source "$REPO/launch/common.sh"
 CONFIG="" RUN_DIR="" VENV="$REPO/.venv" INSTALL=0 CUDA=12 FETCH="" GPUS="" MEM_FRACTION=0.90
 COORD="" NUM_NODES="" NODE_RANK="" DRY_RUN=0
 OVERRIDES=()
 
-need_value() { [[ $# -ge 2 && -n "$2" && "$2" != --* ]] || die "$1 needs a value"; }
 
 while [[ $# -gt 0 ]]; do
   case "$1" in

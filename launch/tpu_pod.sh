@@ -40,35 +40,14 @@ usage: launch/tpu_pod.sh --name NAME --zone ZONE --accelerator-type TYPE --confi
 EOF
 }
 
-die() { echo "tpu_pod.sh: $*" >&2; exit 2; }
-
-# Shell-quote one word for printing: bare when safe, else in single quotes.
-shq() {
-  if [[ -n "$1" && "$1" =~ ^[A-Za-z0-9_@%+=:,./-]+$ ]]; then
-    printf '%s' "$1"
-  else
-    printf "'%s'" "${1//\'/\'\\\'\'}"
-  fi
-}
-
-# Run a command, or print it (one line, every word quoted) under --dry-run.
-run() {
-  local out="" word
-  for word in "$@"; do out+="$(shq "$word") "; done
-  if [[ $DRY_RUN == 1 ]]; then
-    echo "${out% }"
-  else
-    echo "+ ${out% }" >&2
-    "$@"
-  fi
-}
-
+SCRIPT=tpu_pod.sh
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# shellcheck source=launch/common.sh
+source "$REPO/launch/common.sh"
 NAME="" ZONE="" PROJECT="" ACCEL="" VERSION="" CONFIG="" RUN_DIR="" FETCH="" PYVER="3.12" REF="HEAD"
 SPOT=0 REUSE=0 KEEP=0 DRY_RUN=0
 SETUP=() OVERRIDES=()
 
-need_value() { [[ $# -ge 2 && -n "$2" && "$2" != --* ]] || die "$1 needs a value"; }
 
 while [[ $# -gt 0 ]]; do
   case "$1" in
