@@ -105,6 +105,19 @@ def test_kv_cache_prefill_then_decode_equals_full_forward(hf_checkpoint):
     assert not np.asarray(cache.k[:, 1, lengths[1] + extra:]).any()
 
 
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])  # tied and untied LM heads
+def test_logits_at_one_column_per_row_equal_the_full_logits(kind, hf_checkpoint):
+    model = load_pretrained(hf_checkpoint(kind)[0])
+    tokens = np.random.default_rng(5).integers(3, 96, (3, 7))
+    at = np.array([6, 0, 3])
+    full = forward(model, tokens)
+    graphdef, state = nnx.split(model)
+    cache = init_cache(model.cfg, 3, 8, jnp.float32)
+    picked, _ = jax.jit(lambda s, t, c, a: nnx.merge(graphdef, s)(t, cache=c, logits_at_b=a))(state, tokens, cache, at)
+    assert picked.shape == (3, model.cfg.vocab_size)
+    np.testing.assert_allclose(np.asarray(picked), full[np.arange(3), at], atol=1e-5)
+
+
 def test_random_init_eager_equals_create_model():
     cfg = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4,
                       num_kv_heads=2, qk_norm=True, attention_bias=True, tie_embeddings=False)

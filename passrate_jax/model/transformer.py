@@ -257,7 +257,8 @@ class Transformer(nnx.Module):
             self.lm_head = init.normal((cfg.hidden_size, cfg.vocab_size), pdt, ("embed", "vocab"))
         init.fill(rngs.params())
 
-    def __call__(self, tokens_bt, positions_bt=None, attention_mask_bt=None, cache: KVCache | None = None):
+    def __call__(self, tokens_bt, positions_bt=None, attention_mask_bt=None, cache: KVCache | None = None,
+                 logits_at_b: jax.Array | None = None):
         """Next-token logits.
 
         Args:
@@ -267,9 +268,13 @@ class Transformer(nnx.Module):
           cache: optional :class:`KVCache`. Real tokens are written at slot == position (padding is
             not written; a position >= the cache length is silently dropped, so size the cache for
             prompt + generation) and queries attend to cache slots ``s <= position``.
+          logits_at_b: optional int32 [B]: only the logits at column ``logits_at_b[b]`` of each row are
+            computed (a prefill needs the last position's alone; the full [B, T, V] LM head would cost
+            ``T`` times the matmul and memory, e.g. 15 GB for 64 x 400 tokens of a 152k vocabulary).
 
         Returns:
-          ``logits_btv`` float32 [B, T, V] without a cache; ``(logits_btv, new_cache)`` with one.
+          ``logits_btv`` float32 [B, T, V] (``[B, V]`` with ``logits_at_b``) without a cache; with one,
+          ``(logits, new_cache)``.
         """
         b, t = tokens_bt.shape
         if positions_bt is None:
@@ -294,12 +299,16 @@ class Transformer(nnx.Module):
                 x, arrays = layer(x, cos, sin, mask_bts, arrays, i, slot_bt)
             cache = KVCache(k=arrays[0], v=arrays[1])
 
+        if logits_at_b is not None:
+            x = x[jnp.arange(b), logits_at_b][:, None]  # [B, 1, D]: the LM head runs on one column per row
         x = self.final_norm(x)
         if self.cfg.tie_embeddings:
             logits = jnp.einsum("btd,vd->btv", x, self.embed[...].astype(self.dtype))
         else:
             logits = x @ self.lm_head[...].astype(self.dtype)
         logits = logits.astype(jnp.float32)
+        if logits_at_b is not None:
+            logits = logits[:, 0]
         return logits if cache is None else (logits, cache)
 
 

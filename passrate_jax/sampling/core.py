@@ -122,9 +122,9 @@ def prefill(params: nnx.State, tokens_ct: jax.Array, length_c: jax.Array, *, gra
     positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (c, t))
     real = positions < length_c[:, None]
     cache = init_cache(model_cfg, c, cache_len)
-    logits_ctv, cache = model(tokens_ct, positions, real, cache=cache)
     last = jnp.maximum(length_c - 1, 0)
-    return PrefillOutput(last_logits_cv=logits_ctv[jnp.arange(c), last], cache=cache)
+    last_logits_cv, cache = model(tokens_ct, positions, real, cache=cache, logits_at_b=last)
+    return PrefillOutput(last_logits_cv=last_logits_cv, cache=cache)
 
 
 def _record(state: SamplingState, token_r, sample_lp_r, policy_lp_r, settings: DecodeSettings,
