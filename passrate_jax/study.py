@@ -94,7 +94,7 @@ def _finished(run_dir: str, steps: int) -> bool:
     return bool(records) and records[-1].get("step") == steps and "eval_accuracy" in records[-1]
 
 
-def run_study(plan: StudyPlan, *, progress: bool = True) -> dict:
+def run_study(plan: StudyPlan, *, progress: bool = True, target_fraction: float = 0.8) -> dict:
     """Train every (method, seed) not yet finished, then return the analysis of all of them (see
     :func:`passrate_jax.study_report.analyse`)."""
     import jax
@@ -123,7 +123,7 @@ def run_study(plan: StudyPlan, *, progress: bool = True) -> dict:
             bar.update(1)
     if bar is not None:
         bar.close()
-    analysis = analyse(plan)
+    analysis = analyse(plan, target_fraction)
     analysis["study_seconds"] = time.perf_counter() - t0
     analysis["machine"] = f"{platform.platform()}, {os.cpu_count()} CPU cores, jax {jax.__version__} " \
                           f"on {jax.default_backend()}"
@@ -139,6 +139,8 @@ def add_subparser(subparsers) -> None:
     p.add_argument("--methods", nargs="+", default=list(METHODS), help=f"default: all ({' '.join(METHODS)})")
     p.add_argument("--out", default=None, help="study directory (default: runs/study or runs/study_quick)")
     p.add_argument("--report", default=None, help="Markdown report (default: OUT/results.md)")
+    p.add_argument("--target-fraction", type=float, default=0.8,
+                   help="target = warm start + this fraction of GRPO's gain to its plateau (default 0.8)")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("overrides", nargs="*", metavar="key.sub=value", help="applied to every run")
     p.set_defaults(func=run)
@@ -150,9 +152,11 @@ def run(args) -> int:
 
     seeds = args.seeds if args.seeds is not None else ([0] if args.quick else [0, 1, 2])
     out = args.out or os.path.join("runs", "study_quick" if args.quick else "study")
+    if not 0 < args.target_fraction <= 1:
+        raise ConfigError(f"--target-fraction {args.target_fraction}: must be in (0, 1]")
     plan = make_plan(args.config, args.methods, seeds, args.overrides, out, args.quick)
     from passrate_jax.study_report import write_report
-    analysis = run_study(plan, progress=not args.no_progress)
+    analysis = run_study(plan, progress=not args.no_progress, target_fraction=args.target_fraction)
     report = args.report or os.path.join(out, "results.md")
     command = "passrate-jax " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     paths = write_report(plan, analysis, report, command=command)
