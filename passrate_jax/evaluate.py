@@ -43,9 +43,7 @@ def evaluate(sampler: Sampler, params, prompts: Sequence[EvalPrompt], decode: Ca
                                    for i, p in enumerate(chunk)], seed=seed, params=params, cfg=greedy_cfg)
         for row, ctx in enumerate(result.context_index):
             correct[start + ctx] = chunk[ctx].verify(decode(result.completion(row)))
-    levels = np.asarray([p.level for p in prompts])
-    out = {"accuracy": float(correct.mean()) if len(prompts) else float("nan"),
-           "accuracy_by_level": {int(lv): float(correct[levels == lv].mean()) for lv in np.unique(levels)}}
+    successes = None
     if num_samples > 0:
         sample_cfg: SamplingConfig = dataclasses.replace(sampler.cfg, temperature=temperature)
         successes = np.zeros(len(prompts), int)
@@ -56,6 +54,16 @@ def evaluate(sampler: Sampler, params, prompts: Sequence[EvalPrompt], decode: Ca
                                        for i, p in enumerate(chunk)], seed=seed + 1, params=params, cfg=sample_cfg)
             for row, ctx in enumerate(result.context_index):
                 successes[start + ctx] += chunk[ctx].verify(decode(result.completion(row))) > 0
+    return summarise(correct, [p.level for p in prompts], successes, num_samples, ks)
+
+
+def summarise(correct, levels, successes=None, num_samples: int = 0, ks: Sequence[int] = (1,)) -> dict:
+    """The result dict of an evaluation: greedy accuracy overall and per level from per-prompt ``correct``
+    (0/1), and pass@k for each k <= ``num_samples`` from per-prompt ``successes`` out of ``num_samples``."""
+    correct, levels = np.asarray(correct, float), np.asarray(levels)
+    out = {"accuracy": float(correct.mean()) if len(correct) else float("nan"),
+           "accuracy_by_level": {int(lv): float(correct[levels == lv].mean()) for lv in np.unique(levels)}}
+    if successes is not None:
         for k in ks:
             if k <= num_samples:
                 out[f"pass@{k}"] = float(np.mean([pass_at_k(num_samples, int(c), k) for c in successes]))

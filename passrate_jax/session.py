@@ -50,12 +50,9 @@ class Session:
                               "built-in task needs a finite prompt pool (e.g. data.train_size=2048)")
         prompts = source.take(source.size)
         fmt = PromptFormat.from_config(cfg.data)
-        add_bos = not fmt.chat and getattr(tokenizer, "bos_id", None) is not None
-        def encode(records):
-            return [tokenizer.encode(fmt.render(r.prompt, tokenizer), add_bos=add_bos) for r in records]
-        prompt_tokens = encode(prompts)
+        prompt_tokens = [fmt.encode(r.prompt, tokenizer) for r in prompts]
         heldout = source.heldout(cfg.data.eval_size)
-        heldout_tokens = encode(heldout)  # once: every evaluation reuses them
+        heldout_tokens = [fmt.encode(r.prompt, tokenizer) for r in heldout]  # once: every evaluation reuses them
         model = create_model(cfg.model, seed=cfg.seed, mesh=mesh)
         eos = tokenizer.eos_id
         stop = tuple(i for i in getattr(tokenizer, "stop_ids", ()) if i != eos)

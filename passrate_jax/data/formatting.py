@@ -64,6 +64,12 @@ class PromptFormat:
             raise ValueError("PromptFormat(chat=True).render needs a tokenizer with apply_chat_template")
         return tokenizer.apply_chat_template(self.messages(prompt), add_generation_prompt=True)
 
+    def encode(self, prompt: str, tokenizer) -> list[int]:
+        """The model input ids for ``prompt``: rendered, with the tokenizer's BOS unless a chat template
+        (which writes its own) rendered it."""
+        add_bos = not self.chat and getattr(tokenizer, "bos_id", None) is not None
+        return tokenizer.encode(self.render(prompt, tokenizer), add_bos=add_bos)
+
     def render_all(self, prompts: Sequence[str], tokenizer=None) -> list[str]:
         return [self.render(p, tokenizer) for p in prompts]
 

@@ -62,12 +62,6 @@ def expert_trajectory(env: Environment, task: EnvTask, codec: TurnCodec, max_tur
     return turns
 
 
-def prompt_ids(tokenizer, fmt, text: str) -> list[int]:
-    """Token ids of a task prompt as the session encodes them (template, BOS; chat templates are refused
-    for environments by the config)."""
-    return tokenizer.encode(fmt.render(text, tokenizer), add_bos=tokenizer.bos_id is not None)
-
-
 def expert_batch(env: Environment, cfg, step: int, tokenizer) -> tuple[np.ndarray, np.ndarray]:
     """Warm-start batch ``step``: expert trajectories of train tasks, a pure function of (data seed, step);
     loss mask 1 on the expert's actions only, as in RL."""
@@ -78,7 +72,7 @@ def expert_batch(env: Environment, cfg, step: int, tokenizer) -> tuple[np.ndarra
     rows = []
     for i in range(ws.batch_size):
         task = env.sample(data.seed, "train", step * ws.batch_size + i, data.level or None, data.max_level)
-        ids, mask = trajectory_tokens(prompt_ids(tokenizer, fmt, task.prompt), [],
+        ids, mask = trajectory_tokens(fmt.encode(task.prompt, tokenizer), [],
                                       expert_trajectory(env, task, codec, data.max_turns or None))
         rows.append(pack_example(ids, mask, ws.max_len, tokenizer.pad_id, task.prompt))
     return np.stack([r[0] for r in rows]), np.stack([r[1] for r in rows])
@@ -112,7 +106,7 @@ def evaluate(session, params, *, seed: int = 0, num_samples: int = 0, ks=(1,), b
     """Held-out success of ``params``: greedy episodes (overall and per level), plus pass@k from
     ``num_samples`` sampled episodes per task at the configured temperature. Same keys as
     ``passrate_jax.evaluate.evaluate``."""
-    from passrate_jax.evaluate import pass_at_k
+    from passrate_jax.evaluate import summarise
 
     env, codec = ENVS[session.cfg.data.env], TurnCodec(session.tokenizer)
     max_turns, turn_tokens, max_len = _limits(session)
@@ -136,13 +130,8 @@ def evaluate(session, params, *, seed: int = 0, num_samples: int = 0, ks=(1,), b
         return out
 
     correct = successes(1, dataclasses.replace(session.sampler.cfg, temperature=0.0), seed)
-    levels = np.asarray([t.level for t in tasks])
-    result = {"accuracy": float(correct.mean()),
-              "accuracy_by_level": {int(lv): float(correct[levels == lv].mean()) for lv in np.unique(levels)}}
+    counts = None
     if num_samples > 0:
         counts = successes(num_samples, dataclasses.replace(session.sampler.cfg,
                                                             temperature=session.cfg.sampling.temperature), seed + 1)
-        for k in ks:
-            if k <= num_samples:
-                result[f"pass@{k}"] = float(np.mean([pass_at_k(num_samples, int(c), k) for c in counts]))
-    return result
+    return summarise(correct, [t.level for t in tasks], counts, num_samples, ks)
