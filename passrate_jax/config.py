@@ -185,6 +185,25 @@ class Config:
     checkpoint: CheckpointConfig = section(CheckpointConfig)
     logging: LoggingConfig = section(LoggingConfig)
 
+    def validate(self) -> None:
+        if not self.rl.recompute_old_logprobs:
+            # make_train_step honours it (TrainBatch.old_logprobs); the training loop builds its batches
+            # from stored token ids only, so "False" would silently train against zero log-probabilities.
+            raise ConfigError("rl.recompute_old_logprobs = False: the training loop recomputes the old "
+                              "log-probabilities with the trainer (it does not carry the sampler's); set it to true")
+
+    def lr_schedule_note(self) -> str | None:
+        """A warning when the learning-rate schedule ends before the run does: warm-up and decay count
+        optimizer updates (``rl.ppo_epochs * rl.minibatches`` per step), not training steps."""
+        opt, per_step = self.optimizer, self.rl.ppo_epochs * self.rl.minibatches
+        end = opt.warmup_steps + opt.decay_steps
+        if opt.decay_steps == 0 or end >= self.steps * per_step:
+            return None
+        floor = opt.final_lr_fraction * opt.learning_rate
+        return (f"optimizer: warm-up + decay end at update {end} (step {-(-end // per_step)} of {self.steps}, "
+                f"{per_step} updates per step); the learning rate stays at {floor:g} after it. Warm-up and decay "
+                "count optimizer updates: scale optimizer.decay_steps by rl.ppo_epochs * rl.minibatches")
+
 
 def _merge(base: dict, over: dict) -> dict:
     out = dict(base)

@@ -119,6 +119,8 @@ def train(cfg: Config, run_dir: str, *, progress: bool = True, log=print) -> dic
                               f"{', '.join(RESUMABLE_CHANGES)}. Differences: " + "; ".join(conflicts)
                               + ". Use another --run-dir, or the saved config.yaml.")
     session = Session.create(cfg, log=log)
+    if (note := cfg.lr_schedule_note()) is not None:
+        log(f"warning: {note}")
     alloc_cfg = cfg.allocation
     rows_unit = alloc_cfg.num_prompts * alloc_cfg.group_size
     shards = session.mesh.shape["data"] * session.mesh.shape["fsdp"] * cfg.rl.minibatches * cfg.rl.grad_accum

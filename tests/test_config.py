@@ -59,12 +59,22 @@ def test_frozen():
     ("allocation=3", ["allocation = 3", "expected a mapping"]),
     ("data.template={prompt}", ["data.template", "quote the value"]),
     ("steps", ["expected key.sub=value"]),
+    ("rl.recompute_old_logprobs=false", ["rl.recompute_old_logprobs = False", "set it to true"]),
 ])
 def test_bad_overrides_name_key_value_and_allowed(override, fragments):
     with pytest.raises(ConfigError) as err:
         load_config(None, [override])
     for fragment in fragments:
         assert fragment in str(err.value), (fragment, str(err.value))
+
+
+def test_lr_schedule_note_counts_optimizer_updates():
+    # The default preset's cosine decay spans its 50 steps at one update per step ...
+    assert load_config(CONFIGS[0].parent / "default.yaml").lr_schedule_note() is None
+    # ... and ends at step 13 of 50 with four minibatches per step: the run is told so.
+    note = load_config(CONFIGS[0].parent / "default.yaml", ["rl.minibatches=4"]).lr_schedule_note()
+    assert "update 50 (step 13 of 50, 4 updates per step)" in note and "stays at 0" in note
+    assert load_config(None, ["optimizer.decay_steps=0", "rl.minibatches=4"]).lr_schedule_note() is None
 
 
 def test_bad_file(tmp_path):
