@@ -40,6 +40,10 @@ def add_subparsers(subparsers) -> None:
     p.add_argument("--num-samples", type=int, default=8, help="samples per prompt for pass@k (0: greedy only)")
     p.add_argument("--k", type=lambda t: [int(x) for x in t.split(",")], default=[1, 4, 8],
                    help="comma-separated k values of pass@k (default 1,4,8)")
+    p.add_argument("--vs-warm-start", action="store_true",
+                   help="also evaluate the run's starting point (its cached warm start) on the same prompts and "
+                        "report the paired differences: prompts fixed / broken with the exact McNemar p-value, "
+                        "and the sampled-accuracy difference with its standard error")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("overrides", nargs="*", metavar="key.sub=value", help="e.g. data.eval_size=512")
     p.set_defaults(func=run_eval)
@@ -64,19 +68,48 @@ def run_eval(args) -> int:
     session = Session.create(cfg, log=lambda *a: None)
     step, params = load_run_params(args.run_dir, session, args.step)
     result = session.evaluate(params, seed=cfg.seed, num_samples=args.num_samples, ks=args.k)
+    start = None
+    if args.vs_warm_start:
+        from passrate_jax.evaluate import paired_difference
+        if session.warm_start(progress=False) is None:
+            raise ConfigError(f"--vs-warm-start: {path} trains without a warm start (warm_start.enabled / steps / "
+                              "data.source)")
+        start = session.evaluate(session.params, seed=cfg.seed, num_samples=args.num_samples, ks=args.k)
+        start["difference"] = paired_difference(start, result)
     session.close()
     result = {"step": step, "heldout_prompts": len(session.heldout), **result}
+    for r in (result, start):
+        if r is not None:
+            r.pop("per_prompt")
+    if start is not None:
+        result["warm_start"] = start
     if args.json:
         print(json.dumps(result))
-    else:
-        print(f"{args.run_dir} step {step}: greedy held-out accuracy {result['accuracy']:.4f} on "
-              f"{result['heldout_prompts']} prompts")
-        for level, acc in result["accuracy_by_level"].items():
-            print(f"  level {level}: {acc:.4f}")
-        for k in args.k:
-            if f"pass@{k}" in result:
-                print(f"  pass@{k}: {result[f'pass@{k}']:.4f}")
+        return 0
+    print(f"{args.run_dir} step {step}: greedy held-out accuracy {result['accuracy']:.4f} on "
+          f"{result['heldout_prompts']} prompts")
+    _print_eval(result, args, cfg)
+    if start is not None:
+        diff = start.pop("difference")
+        print(f"warm start (step 0): greedy held-out accuracy {start['accuracy']:.4f}")
+        _print_eval(start, args, cfg)
+        print(f"step {step} - warm start: greedy {diff['accuracy']:+.4f} ({diff['fixed']} prompts fixed, "
+              f"{diff['broken']} broken; exact McNemar p = {diff['mcnemar_p']:.2g})")
+        if "sampled_accuracy" in diff:
+            print(f"  sampled {diff['sampled_accuracy']:+.4f} +- {diff['sampled_accuracy_se']:.4f} (one standard "
+                  "error over prompts)")
     return 0
+
+
+def _print_eval(result: dict, args, cfg) -> None:
+    for level, acc in result["accuracy_by_level"].items():
+        print(f"  level {level}: {acc:.4f}")
+    if "sampled_accuracy" in result:
+        print(f"  sampled accuracy {result['sampled_accuracy']:.4f} ({args.num_samples} answers per prompt at "
+              f"temperature {cfg.sampling.temperature:g})")
+    for k in args.k:
+        if f"pass@{k}" in result:
+            print(f"  pass@{k}: {result[f'pass@{k}']:.4f}")
 
 
 def run_sft(args) -> int:

@@ -172,6 +172,9 @@ class Config:
     seed: int = option(0, ge=0)
     steps: int = option(50, ge=0, doc="training steps")
     eval_every: int = option(10, ge=1)
+    eval_samples: int = option(0, ge=0, doc="answers sampled per held-out prompt at each evaluation, at "
+                               "sampling.temperature: eval_sampled_accuracy is their mean accuracy (pass@1, the "
+                               "expected reward RL maximises); 0: greedy accuracy only")
     model: ModelConfig = section(ModelConfig)
     warm_start: WarmStartConfig = section(WarmStartConfig)
     data: DataConfig = section(DataConfig)

@@ -59,12 +59,46 @@ def evaluate(sampler: Sampler, params, prompts: Sequence[EvalPrompt], decode: Ca
 
 def summarise(correct, levels, successes=None, num_samples: int = 0, ks: Sequence[int] = (1,)) -> dict:
     """The result dict of an evaluation: greedy accuracy overall and per level from per-prompt ``correct``
-    (0/1), and pass@k for each k <= ``num_samples`` from per-prompt ``successes`` out of ``num_samples``."""
+    (0/1); with per-prompt ``successes`` out of ``num_samples``, the mean accuracy of the samples overall and
+    per level (``sampled_accuracy``: pass@1 estimated from all samples) and pass@k for each k <= ``num_samples``.
+    ``per_prompt`` keeps the per-prompt arrays for :func:`paired_difference`."""
     correct, levels = np.asarray(correct, float), np.asarray(levels)
     out = {"accuracy": float(correct.mean()) if len(correct) else float("nan"),
-           "accuracy_by_level": {int(lv): float(correct[levels == lv].mean()) for lv in np.unique(levels)}}
+           "accuracy_by_level": {int(lv): float(correct[levels == lv].mean()) for lv in np.unique(levels)},
+           "per_prompt": {"correct": correct, "successes": None if successes is None else np.asarray(successes, int),
+                          "num_samples": num_samples}}
     if successes is not None:
+        rate = np.asarray(successes, float) / num_samples
+        out["sampled_accuracy"] = float(rate.mean()) if len(rate) else float("nan")
+        out["sampled_accuracy_by_level"] = {int(lv): float(rate[levels == lv].mean()) for lv in np.unique(levels)}
         for k in ks:
             if k <= num_samples:
                 out[f"pass@{k}"] = float(np.mean([pass_at_k(num_samples, int(c), k) for c in successes]))
+    return out
+
+
+def mcnemar_exact_p(fixed: int, broken: int) -> float:
+    """Two-sided exact McNemar p-value: under "no change", each of the ``fixed + broken`` discordant
+    prompts is equally likely to have gone either way (a fair binomial)."""
+    n, k = fixed + broken, min(fixed, broken)
+    if n == 0:
+        return 1.0
+    return min(1.0, 2.0 * sum(comb(n, i) for i in range(k + 1)) / 2.0 ** n)
+
+
+def paired_difference(before: dict, after: dict) -> dict:
+    """How ``after`` differs from ``before``, two evaluations of the same prompts (their ``per_prompt``):
+    greedy accuracy difference with the prompts fixed / broken and the exact McNemar p-value; with
+    samples, the mean difference of per-prompt sampled accuracy and its standard error over prompts."""
+    a, b = before["per_prompt"], after["per_prompt"]
+    if len(a["correct"]) != len(b["correct"]):
+        raise ValueError(f"paired_difference: {len(a['correct'])} vs {len(b['correct'])} prompts")
+    fixed = int(np.sum((b["correct"] > 0) & (a["correct"] == 0)))
+    broken = int(np.sum((a["correct"] > 0) & (b["correct"] == 0)))
+    out = {"accuracy": after["accuracy"] - before["accuracy"], "fixed": fixed, "broken": broken,
+           "mcnemar_p": mcnemar_exact_p(fixed, broken)}
+    if a["successes"] is not None and b["successes"] is not None:
+        d = b["successes"] / b["num_samples"] - a["successes"] / a["num_samples"]
+        out["sampled_accuracy"] = float(d.mean())
+        out["sampled_accuracy_se"] = float(d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else float("nan")
     return out

@@ -53,10 +53,11 @@ def plot_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = Non
         written.append(target)
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    for key, label in (("train_accuracy", "training (rollout reward)"), ("eval_accuracy", "held-out")):
+    for key, label in (("train_accuracy", "training (rollout reward)"), ("eval_accuracy", "held-out, greedy"),
+                       ("eval_sampled_accuracy", "held-out, sampled")):
         x, y = _series(records, key)
         if len(x):
-            ax.plot(x, y, marker="o" if key == "eval_accuracy" else None, label=label)
+            ax.plot(x, y, marker=None if key == "train_accuracy" else "o", label=label)
     ax.set_xlabel("rollouts spent")
     ax.set_ylabel("accuracy")
     ax.set_ylim(0, 1)

@@ -81,7 +81,7 @@ class _StopRequest:
 
 
 # Top-level config sections a resumed run may change: they do not alter what was computed so far.
-RESUMABLE_CHANGES = ("steps", "eval_every", "checkpoint", "logging", "distributed")
+RESUMABLE_CHANGES = ("steps", "eval_every", "eval_samples", "checkpoint", "logging", "distributed")
 
 
 def resume_conflicts(cfg: Config, run_dir: str) -> list[str]:
@@ -97,6 +97,17 @@ def resume_conflicts(cfg: Config, run_dir: str) -> list[str]:
     return [f"{k}: {saved.get(k)!r} -> {now.get(k)!r}" for k in sorted(set(saved) | set(now))
             if saved.get(k) != now.get(k) and k.split(".")[0] not in RESUMABLE_CHANGES
             and not (k not in saved and now.get(k) == defaults.get(k))]
+
+
+def eval_metrics(session: Session, params, cfg: Config) -> dict:
+    """Held-out metrics of ``params``: greedy accuracy overall and per level, and with ``cfg.eval_samples``
+    the mean accuracy of that many sampled answers per prompt (overall and per level)."""
+    ev = session.evaluate(params, seed=cfg.seed, num_samples=cfg.eval_samples)
+    out = {"eval_accuracy": ev["accuracy"], **{f"eval_accuracy/level_{k}": v for k, v in ev["accuracy_by_level"].items()}}
+    if "sampled_accuracy" in ev:
+        out["eval_sampled_accuracy"] = ev["sampled_accuracy"]
+        out.update({f"eval_sampled_accuracy/level_{k}": v for k, v in ev["sampled_accuracy_by_level"].items()})
+    return out
 
 
 def train(cfg: Config, run_dir: str, *, progress: bool = True, log=print) -> dict:
@@ -161,9 +172,7 @@ def train(cfg: Config, run_dir: str, *, progress: bool = True, log=print) -> dic
     writer = MetricsWriter(run_dir, tensorboard=cfg.logging.tensorboard, truncate_after=start, enabled=primary)
     if resume_from is None:
         # Step 0: the starting point (after the warm start) that training is measured against.
-        ev = session.evaluate(params, seed=cfg.seed)
-        writer.write({"step": 0, "rollouts_total": 0, "eval_accuracy": ev["accuracy"],
-                      **{f"eval_accuracy/level_{k}": v for k, v in ev["accuracy_by_level"].items()}})
+        writer.write({"step": 0, "rollouts_total": 0, **eval_metrics(session, params, cfg)})
 
     def save(step):
         ckpt.save(step, checkpoint_state(), {"step": step, "rollouts_total": rollouts_total,
@@ -216,9 +225,7 @@ def train(cfg: Config, run_dir: str, *, progress: bool = True, log=print) -> dic
             store.retain(ro.result.retained_keys)
             t2 = time.perf_counter()
             if step % cfg.eval_every == 0 or step == cfg.steps:
-                ev = session.evaluate(params, seed=cfg.seed)
-                record["eval_accuracy"] = ev["accuracy"]
-                record.update({f"eval_accuracy/level_{k}": v for k, v in ev["accuracy_by_level"].items()})
+                record.update(eval_metrics(session, params, cfg))
             record.update({"time/rollout_s": t1 - t0, "time/update_s": t2 - t1,
                            "time/step_s": time.perf_counter() - t0, "time/total_s": time.perf_counter() - t_run,
                            "compilations/sampler": session.sampler.compilations,
@@ -231,7 +238,8 @@ def train(cfg: Config, run_dir: str, *, progress: bool = True, log=print) -> dic
                 bar.update(1)
                 bar.set_postfix({k: f"{record[v]:.2f}" for k, v in (
                     ("acc", "train_accuracy"), ("valid", "valid_group_fraction"),
-                    ("useful", "useful_rollout_fraction"), ("eval", "eval_accuracy")) if v in record
+                    ("useful", "useful_rollout_fraction"), ("eval", "eval_accuracy"),
+                    ("eval_sampled", "eval_sampled_accuracy")) if v in record
                     and record[v] == record[v]}, refresh=False)
             if stop.requested:
                 if step % cfg.checkpoint.every_steps:
@@ -264,7 +272,8 @@ def run(args) -> int:
     last = summary["last"]
     if last and distributed.is_primary():
         shown = {k: last[k] for k in ("step", "rollouts_total", "train_accuracy", "valid_group_fraction",
-                                      "useful_rollout_fraction", "eval_accuracy") if k in last}
+                                      "useful_rollout_fraction", "eval_accuracy", "eval_sampled_accuracy")
+                 if k in last}
         print(f"run {run_dir}: " + ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
                                                for k, v in shown.items()))
     return 0

@@ -166,9 +166,10 @@ def test_bad_config_fails_before_compute(tmp_path, capsys):
 
 def test_eval_cli_reproduces_final_eval(tmp_path, fake_verifier, capsys):
     """``passrate-jax eval`` on a finished run restores its last parameters: greedy held-out accuracy
-    (here under the fake verifier) equals the run's own final evaluation."""
+    and the mean accuracy of sampled answers (here under the fake verifier) equal the run's own final
+    evaluation."""
     from passrate_jax.cli import main
-    cfg = load_config(None, TINY + ["steps=2", "allocation.method=uniform", "data.eval_size=8"])
+    cfg = load_config(None, TINY + ["steps=2", "allocation.method=uniform", "data.eval_size=8", "eval_samples=2"])
     train(cfg, str(tmp_path), progress=False, log=lambda *a: None)
     final = read_jsonl(tmp_path / "metrics.jsonl")[-1]
     capsys.readouterr()
@@ -177,6 +178,32 @@ def test_eval_cli_reproduces_final_eval(tmp_path, fake_verifier, capsys):
     assert result["step"] == 2 and result["heldout_prompts"] == 8
     assert result["accuracy"] == final["eval_accuracy"] and 0 < result["accuracy"] < 1
     assert 0 <= result["pass@1"] <= result["pass@2"] <= 1
+    assert result["sampled_accuracy"] == result["pass@1"] == final["eval_sampled_accuracy"]
+    levels = {k.split("/")[-1] for k in final if k.startswith("eval_sampled_accuracy/level_")}
+    assert levels and levels == {k.split("/")[-1] for k in final if k.startswith("eval_accuracy/level_")}
+
+
+def test_eval_vs_warm_start_pairs_the_starting_point_with_the_checkpoint(tmp_path, fake_verifier, capsys):
+    """``eval --vs-warm-start`` re-evaluates the run's cached warm start: its greedy accuracy is the run's
+    own step-0 evaluation, and the paired difference adds up."""
+    from passrate_jax.cli import main
+    cfg = load_config(None, TINY + ["steps=2", "allocation.method=uniform", "data.eval_size=16",
+                                    "warm_start.enabled=true", "warm_start.steps=3", "warm_start.batch_size=4",
+                                    "warm_start.max_len=96", f"warm_start.cache_dir={tmp_path / 'cache'}"])
+    train(cfg, str(tmp_path / "run"), progress=False, log=lambda *a: None)
+    records = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    capsys.readouterr()
+    assert main(["eval", "--run-dir", str(tmp_path / "run"), "--num-samples", "2", "--k", "1",
+                 "--vs-warm-start", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    start, diff = result["warm_start"], result["warm_start"]["difference"]
+    assert start["accuracy"] == records[0]["eval_accuracy"] and result["accuracy"] == records[-1]["eval_accuracy"]
+    assert diff["accuracy"] == pytest.approx(result["accuracy"] - start["accuracy"])
+    assert diff["fixed"] - diff["broken"] == round(16 * diff["accuracy"]) and 0 <= diff["mcnemar_p"] <= 1
+    assert diff["sampled_accuracy"] == pytest.approx(result["sampled_accuracy"] - start["sampled_accuracy"])
+    assert main(["eval", "--run-dir", str(tmp_path / "run"), "--num-samples", "2", "--k", "1",
+                 "--vs-warm-start"]) == 0
+    assert "prompts fixed" in capsys.readouterr().out
 
 
 def test_non_finite_update_is_skipped_and_reported(tmp_path, fake_verifier, monkeypatch):
