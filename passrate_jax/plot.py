@@ -53,14 +53,19 @@ def plot_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = Non
         written.append(target)
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    for key, label in (("train_accuracy", "training (rollout reward)"), ("eval_accuracy", "held-out, greedy"),
-                       ("eval_sampled_accuracy", "held-out, sampled")):
+    x, y = _series(records, "train_accuracy")
+    if len(x):
+        # The per-step reward swings with the step's prompts: the raw series faint, a 10-step mean on top.
+        line, = ax.plot(x, y, alpha=0.3, lw=1)
+        window = min(10, len(y))
+        ax.plot(x[window - 1:], np.convolve(y, np.ones(window) / window, mode="valid"), color=line.get_color(),
+                label=f"training (rollout reward, {window}-step mean)")
+    for key, label in (("eval_accuracy", "held-out, greedy"), ("eval_sampled_accuracy", "held-out, sampled")):
         x, y = _series(records, key)
         if len(x):
-            ax.plot(x, y, marker=None if key == "train_accuracy" else "o", label=label)
+            ax.plot(x, y, marker="o", label=label)
     ax.set_xlabel("rollouts spent")
     ax.set_ylabel("accuracy")
-    ax.set_ylim(0, 1)
     ax.legend()
     ax.set_title("accuracy against rollouts spent")
     save(fig, "accuracy_vs_rollouts.png")
