@@ -63,14 +63,18 @@ def summarise(correct, levels, successes=None, num_samples: int = 0, ks: Sequenc
     per level (``sampled_accuracy``: pass@1 estimated from all samples) and pass@k for each k <= ``num_samples``.
     ``per_prompt`` keeps the per-prompt arrays for :func:`paired_difference`."""
     correct, levels = np.asarray(correct, float), np.asarray(levels)
+
+    def by_level(values):
+        return {int(lv): float(values[levels == lv].mean()) for lv in np.unique(levels)}
+
     out = {"accuracy": float(correct.mean()) if len(correct) else float("nan"),
-           "accuracy_by_level": {int(lv): float(correct[levels == lv].mean()) for lv in np.unique(levels)},
+           "accuracy_by_level": by_level(correct),
            "per_prompt": {"correct": correct, "successes": None if successes is None else np.asarray(successes, int),
                           "num_samples": num_samples}}
     if successes is not None:
         rate = np.asarray(successes, float) / num_samples
         out["sampled_accuracy"] = float(rate.mean()) if len(rate) else float("nan")
-        out["sampled_accuracy_by_level"] = {int(lv): float(rate[levels == lv].mean()) for lv in np.unique(levels)}
+        out["sampled_accuracy_by_level"] = by_level(rate)
         for k in ks:
             if k <= num_samples:
                 out[f"pass@{k}"] = float(np.mean([pass_at_k(num_samples, int(c), k) for c in successes]))
