@@ -103,10 +103,11 @@ def eval_metrics(session: Session, params, cfg: Config) -> dict:
     """Held-out metrics of ``params``: greedy accuracy overall and per level, and with ``cfg.eval_samples``
     the mean accuracy of that many sampled answers per prompt (overall and per level)."""
     ev = session.evaluate(params, seed=cfg.seed, num_samples=cfg.eval_samples)
-    out = {"eval_accuracy": ev["accuracy"], **{f"eval_accuracy/level_{k}": v for k, v in ev["accuracy_by_level"].items()}}
-    if "sampled_accuracy" in ev:
-        out["eval_sampled_accuracy"] = ev["sampled_accuracy"]
-        out.update({f"eval_sampled_accuracy/level_{k}": v for k, v in ev["sampled_accuracy_by_level"].items()})
+    out = {}
+    for name, key in (("eval_accuracy", "accuracy"), ("eval_sampled_accuracy", "sampled_accuracy")):
+        if key in ev:
+            out[name] = ev[key]
+            out.update({f"{name}/level_{k}": v for k, v in ev[f"{key}_by_level"].items()})
     return out
 
 
