@@ -6,8 +6,7 @@ from __future__ import annotations
 import json
 import os
 
-from passrate_jax.cli import add_config_arguments
-from passrate_jax.configlib import ConfigError
+from passrate_jax.configlib import ConfigError, add_config_arguments
 
 
 def load_run_params(run_dir: str, session, step: int | None = None):

@@ -238,3 +238,10 @@ def describe(cls, prefix: str = "") -> list[str]:
         lines.append(f"{key}: {_type_name(tp)} = {default!r}" + (f" [{', '.join(allowed)}]" if allowed else "")
                      + (f"  # {doc}" if doc else ""))
     return lines
+
+
+def add_config_arguments(parser) -> None:
+    """``--config FILE`` and trailing ``key.sub=value`` overrides on an ``argparse`` parser, shared by every
+    subcommand that takes a config (here, below the command modules, so none of them imports ``cli``)."""
+    parser.add_argument("--config", default=None, help="YAML preset (default: built-in defaults)")
+    parser.add_argument("overrides", nargs="*", metavar="key.sub=value", help="dotted config overrides")

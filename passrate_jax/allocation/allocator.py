@@ -56,9 +56,12 @@ class Request:
 
 @dataclasses.dataclass(frozen=True)
 class Result:
-    """Binary rewards (0/1) of one request's rollouts, in request order."""
+    """Binary rewards (0/1) of one request's rollouts, in request order. ``observed`` False: nothing was
+    generated (e.g. an environment replay that failed its determinism check); the rollouts count as
+    spent and nothing is learned from them (the rewards are placeholders)."""
     group_key: int
     rewards: tuple[int, ...]
+    observed: bool = True
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """What an environment run needs around the loop: its prompt source, the supervised warm start on expert
-trajectories, held-out evaluation by greedy episodes, and the trajectory store of a session.
+trajectories and held-out evaluation by greedy episodes.
 
 A task travels in a :class:`PromptRecord`: the prompt is its first observation and the metadata hold
 the whole task (``metadata["task"]``, JSON), so the rest of the trainer (allocator, selection, the
@@ -16,8 +16,7 @@ from passrate_jax.data.sources import PromptRecord, PromptSource
 from passrate_jax.envs import ENVS
 from passrate_jax.envs.base import Environment, EnvTask, Episode
 from passrate_jax.envs.episodes import Start, run_episodes
-from passrate_jax.envs.replay import Turn, TurnCodec
-from passrate_jax.envs.rollouts import EnvRolloutStore, trajectory_tokens
+from passrate_jax.envs.replay import Turn, TurnCodec, trajectory_tokens
 
 
 def task_record(task: EnvTask) -> PromptRecord:
@@ -82,24 +81,17 @@ def warm_start(session, progress: bool = True) -> dict:
     """The session's supervised warm start on its environment's expert trajectories (cached)."""
     from passrate_jax.sft import run_warm_start
 
-    env = ENVS[session.cfg.data.env]
+    env, data = ENVS[session.cfg.data.env], session.cfg.data
+    key = dict(env=data.env, level=data.level, max_turns=data.max_turns, template=data.template, data_seed=data.seed)
     return run_warm_start(session.cfg, session.model, session.tokenizer, progress=progress, log=session.log,
-                          batches=lambda step: expert_batch(env, session.cfg, step, session.tokenizer))
+                          batches=lambda step: expert_batch(env, session.cfg, step, session.tokenizer), key=key)
 
 
-def _limits(session) -> tuple[int, int, int]:
+def limits(session) -> tuple[int, int, int]:
     """(turn limit, tokens per turn, context length limit) of a session."""
     env = ENVS[session.cfg.data.env]
     return (session.cfg.data.max_turns or env.max_turns, session.cfg.sampling.max_new_tokens,
             session.sampler.model_cfg.max_position_embeddings)
-
-
-def make_store(session) -> EnvRolloutStore:
-    """The trajectory store of a session's training pool."""
-    tasks = [task_of(r) for r in session.prompts]
-    max_turns, _, max_len = _limits(session)
-    return EnvRolloutStore(ENVS[session.cfg.data.env], tasks.__getitem__, session.prompt_ids,
-                           TurnCodec(session.tokenizer), max_turns=max_turns, max_len=max_len)
 
 
 def evaluate(session, params, *, seed: int = 0, num_samples: int = 0, ks=(1,), batch_contexts: int = 64) -> dict:
@@ -109,7 +101,7 @@ def evaluate(session, params, *, seed: int = 0, num_samples: int = 0, ks=(1,), b
     from passrate_jax.evaluate import summarise
 
     env, codec = ENVS[session.cfg.data.env], TurnCodec(session.tokenizer)
-    max_turns, turn_tokens, max_len = _limits(session)
+    max_turns, turn_tokens, max_len = limits(session)
     tasks = [task_of(r) for r in session.heldout]
     if not tasks:
         return {"accuracy": float("nan"), "accuracy_by_level": {}}
