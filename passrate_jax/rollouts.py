@@ -130,8 +130,8 @@ class TextRollouts:
         if not contexts:
             return []
         out = self.sampler.generate(list(contexts), seed=seed, params=params)
-        return [[Completion(out.completion(row), bool(out.stopped[row])) for row in np.flatnonzero(out.context_index == c)]
-                for c in range(len(contexts))]
+        rows = [np.flatnonzero(out.context_index == c) for c in range(len(contexts))]
+        return [[Completion(out.completion(r), bool(out.stopped[r])) for r in mine] for mine in rows]
 
     def score(self, requests: Sequence[Request], rollouts: Sequence[list[Completion]]) -> dict[str, np.ndarray]:
         """The round's answers decoded (replayed prefix included) and verified in one call; rewards

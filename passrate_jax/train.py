@@ -140,7 +140,8 @@ class Updater:
             raise ConfigError(f"allocation.num_prompts * group_size = {self.rows_unit}: must be divisible by mesh "
                               f"data * fsdp * rl.minibatches * rl.grad_accum = {shards}")
         self.cfg, self.backend = cfg, session.backend
-        self.fns = make_train_step(session.graphdef, session.params, cfg.rl, make_optimizer(cfg.optimizer), session.mesh)
+        optimizer = make_optimizer(cfg.optimizer)
+        self.fns = make_train_step(session.graphdef, session.params, cfg.rl, optimizer, session.mesh)
         self.use_kl = cfg.rl.kl_coef > 0
         self.ref_logprobs = jax.jit(lambda p, b: policy_logprobs(session.graphdef, p, b.tokens, b.positions,
                                                                  b.attention_mask)[0]) if self.use_kl else None
@@ -251,7 +252,8 @@ def train(cfg: Config, run_dir: str, *, progress: bool = True, log=print) -> dic
         session.warm_start(progress=progress and primary)
     if primary:
         (epath.Path(run_dir) / "config.yaml").write_text(dump_config(cfg))  # a resume may extend steps
-    state = stages.updater.start(session.params, stages.allocator.init(jax.random.key_data(jax.random.key(cfg.seed))))
+    alloc_state = stages.allocator.init(jax.random.key_data(jax.random.key(cfg.seed)))
+    state = stages.updater.start(session.params, alloc_state)
     if ckpt.resume_from is not None:
         state = ckpt.restore(state, session.backend)
         log(f"resuming {run_dir} from the checkpoint of step {state.step}")
