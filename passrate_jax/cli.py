@@ -9,13 +9,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+from passrate_jax.cli_args import add_config_arguments
 from passrate_jax.configlib import ConfigError
 
-
-def add_config_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--config FILE`` and trailing ``key.sub=value`` overrides, shared by every subcommand that takes a config."""
-    parser.add_argument("--config", default=None, help="YAML preset (default: built-in defaults)")
-    parser.add_argument("overrides", nargs="*", metavar="key.sub=value", help="dotted config overrides")
+__all__ = ["add_config_arguments", "build_parser", "main"]
 
 
 def _info_subparser(subparsers) -> None:

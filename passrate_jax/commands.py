@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 
-from passrate_jax.cli import add_config_arguments
+from passrate_jax.cli_args import add_config_arguments
 from passrate_jax.configlib import ConfigError
 
 

@@ -256,7 +256,7 @@ def train(cfg: Config, run_dir: str, *, progress: bool = True, log=print) -> dic
 
 
 def add_subparser(subparsers) -> None:
-    from passrate_jax.cli import add_config_arguments
+    from passrate_jax.cli_args import add_config_arguments
     p = subparsers.add_parser("train", help="train (or resume) a run")
     add_config_arguments(p)
     p.add_argument("--run-dir", default=None, help="default: runs/<config name>")
