@@ -53,10 +53,14 @@ def load_runs(plan) -> dict[str, dict[int, list[dict]]]:
 
 
 def eval_curve(records: list[dict], metric: str) -> dict[str, np.ndarray]:
-    """step, rollouts (cumulative), seconds (training loop so far) and accuracy at every evaluation,
-    step 0 (the warm start) included."""
-    rows = [(r["step"], r.get("rollouts_total", 0), r.get("time/total_s", 0.0), r[metric])
-            for r in records if isinstance(r.get(metric), (int, float))]
+    """step, rollouts (cumulative), seconds and accuracy at every evaluation, step 0 (the warm start)
+    included. Seconds are the sum of the steps' own wall clock (rollouts, update, evaluation) so far,
+    which a resumed run keeps (its ``time/total_s`` restarts at the resume)."""
+    rows, seconds = [], 0.0
+    for r in records:
+        seconds += r.get("time/step_s", 0.0) if r.get("step", 0) >= 1 else 0.0
+        if isinstance(r.get(metric), (int, float)):
+            rows.append((r["step"], r.get("rollouts_total", 0), seconds, r[metric]))
     cols = [np.asarray(c, float) for c in zip(*rows)] if rows else [np.zeros(0)] * 4
     return dict(zip(("step", "rollouts", "seconds", "accuracy"), cols))
 
@@ -92,7 +96,7 @@ def seed_measures(records: list[dict], metric: str, target: float, ps_warmup: in
         "rollouts_per_valid_group": last.get("rollouts_total", 0) / valid_total if valid_total else float("inf"),
         "useful_fraction": float(last.get("useful_rollout_fraction", float("nan"))),
         "rollouts_total": float(last.get("rollouts_total", 0)),
-        "wall_seconds": float(last.get("time/total_s", float("nan"))),
+        "wall_seconds": float(sum(r.get("time/step_s", 0.0) for r in steps)),
         "ps_pass_rate": {b: _mean([r.get(f"ps/pass_rate/{b}") for r in steps if r["step"] > ps_warmup])
                          for b in buckets},
     }
@@ -171,7 +175,11 @@ def analyse(runs: dict[str, dict[int, list[dict]]], *, target_fraction: float = 
         if c.method in per_seed and c.baseline in per_seed:
             iv = compare(per_seed[c.method], per_seed[c.baseline], c.measure)
             claims.append({"claim": c, "interval": iv, "verdict": verdict(iv, c.kind, c.value)})
-    return {"metric": metric, "targets": targets, "starts": starts, "plateaus": plateaus,
+    # A seed whose GRPO run did not improve on its warm start has a target at or below the start: every
+    # run "reaches" it at its first evaluation, and time to target measures nothing there.
+    no_gain = sorted(s for s in targets if plateaus[s] <= starts[s])
+    return {"metric": metric, "targets": targets, "no_gain_seeds": no_gain, "starts": starts,
+            "plateaus": plateaus,
             "target_fraction": target_fraction, "ps_warmup": ps_warmup, "horizons": horizons,
             "per_seed": per_seed, "methods": {m: summarise(x) for m, x in per_seed.items()},
             "comparisons": comparisons, "claims": claims}

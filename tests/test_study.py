@@ -131,7 +131,7 @@ def _run(accuracy, rollouts_per_step, valid_per_step, steps=20, every=5):
     records = [{"step": 0, "rollouts_total": 0, "eval_sampled_accuracy": accuracy[0], "eval_accuracy": 0.0}]
     for t in range(1, steps + 1):
         r = {"step": t, "rollouts_total": rollouts_per_step * t, "valid_groups": valid_per_step,
-             "useful_rollout_fraction": 0.5, "time/total_s": 2.0 * t}
+             "useful_rollout_fraction": 0.5, "time/step_s": 2.0}
         if t % every == 0:
             r.update(eval_sampled_accuracy=accuracy[t // every], eval_accuracy=0.0)
         records.append(r)
@@ -162,6 +162,7 @@ def test_analysis_of_synthetic_runs_with_known_answers():
     c = a["comparisons"][("grpo", "ds")]
     assert (c["rollouts_to_target"]["ci_lo"], c["rollouts_to_target"]["ci_hi"]) == pytest.approx((3.0, 3.0))
     assert c["steps_to_target"]["estimate_lo"] == pytest.approx(1.0)
+    assert a["per_seed"]["sara"][0]["seconds_to_target"] == (10.0, True)  # 5 steps of 2 s
     # Target-free measures: valid groups 6 vs 4 per step; rollouts per valid group 100/6 vs 100/4.
     c = a["comparisons"][("sara", "grpo")]
     assert c["valid_groups_per_step"]["estimate_lo"] == pytest.approx(1.5)
@@ -171,8 +172,10 @@ def test_analysis_of_synthetic_runs_with_known_answers():
     assert a["horizons"][0] == 2000.0
     claim = next(r for r in a["claims"] if r["claim"].label == "SARA: fewer rollouts than DS")
     assert claim["verdict"] == "inconclusive"  # [0, 6] covers both 1 and 1.28
-    # greedy accuracy is used when asked for
-    assert analyse(runs, metric="eval_accuracy")["metric"] == "eval_accuracy"
+    assert a["no_gain_seeds"] == []
+    # Greedy accuracy when asked for (here flat at 0: GRPO gains nothing, which the analysis flags).
+    greedy = analyse(runs, metric="eval_accuracy")
+    assert greedy["metric"] == "eval_accuracy" and greedy["no_gain_seeds"] == [0, 1, 2]
 
 
 def test_small_study_end_to_end(tmp_path, fake_verifier):  # noqa: F811
