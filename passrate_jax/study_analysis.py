@@ -126,10 +126,11 @@ def summarise(per_seed: dict[int, dict]) -> dict:
     return out
 
 
-def compare(method: dict[int, dict], base: dict[int, dict], measure: str) -> dict:
+def compare(method: dict[int, dict], base: dict[int, dict], measure: str, no_gain=()) -> dict:
     """The paired comparison of ``method`` with ``base`` on their common seeds: a factor interval (above
-    1 favours the method) or, for accuracies, the interval of the difference method - base."""
-    seeds = sorted(set(method) & set(base))
+    1 favours the method) or, for accuracies, the interval of the difference method - base. To-target
+    measures leave out the ``no_gain`` seeds (GRPO gained nothing there, so the target is no target)."""
+    seeds = sorted(set(method) & set(base) - (set(no_gain) if measure in CENSORED else set()))
     if measure in CENSORED:
         b, m = [base[s][measure] for s in seeds], [method[s][measure] for s in seeds]
         lo, hi = log_factor_bounds([v for v, _ in b], [o for _, o in b], [v for v, _ in m], [o for _, o in m])
@@ -168,16 +169,16 @@ def analyse(runs: dict[str, dict[int, list[dict]]], *, target_fraction: float = 
     for ms in per_seed.values():
         for s, x in ms.items():
             x["mean_accuracy"] = mean_over(x["curve"]["rollouts"], x["curve"]["accuracy"], horizons[s])
-    comparisons = {(m, b): {measure: compare(per_seed[m], per_seed[b], measure) for measure in COMPARED}
+    # A seed whose GRPO run did not improve on its warm start has a target at or below the start: every
+    # run "reaches" it at its first evaluation, and time to target measures nothing there.
+    no_gain = sorted(s for s in targets if plateaus[s] <= starts[s])
+    comparisons = {(m, b): {measure: compare(per_seed[m], per_seed[b], measure, no_gain) for measure in COMPARED}
                    for m in per_seed for b in BASELINES if b in per_seed and b != m}
     claims = []
     for c in CLAIMS:
         if c.method in per_seed and c.baseline in per_seed:
-            iv = compare(per_seed[c.method], per_seed[c.baseline], c.measure)
+            iv = compare(per_seed[c.method], per_seed[c.baseline], c.measure, no_gain)
             claims.append({"claim": c, "interval": iv, "verdict": verdict(iv, c.kind, c.value)})
-    # A seed whose GRPO run did not improve on its warm start has a target at or below the start: every
-    # run "reaches" it at its first evaluation, and time to target measures nothing there.
-    no_gain = sorted(s for s in targets if plateaus[s] <= starts[s])
     return {"metric": metric, "targets": targets, "no_gain_seeds": no_gain, "starts": starts,
             "plateaus": plateaus,
             "target_fraction": target_fraction, "ps_warmup": ps_warmup, "horizons": horizons,

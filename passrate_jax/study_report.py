@@ -179,13 +179,15 @@ def _claims_table(analysis) -> list[str]:
              "Verdicts: a factor claim is *reproduced* when the interval excludes 1 (no gain) and reaches the "
              "claimed factor, *contradicted* when the interval lies wholly below the claimed factor, "
              "*inconclusive* when it covers both 1 and the claimed factor. An accuracy claim 'above' needs the "
-             "difference's interval above 0 (below 0 contradicts it); 'matching' needs it within ±0.02.", "",
-             "| claim | seed | the seed's figure (quoted) | measured here | verdict |",
+             "difference's interval above 0 (below 0 contradicts it); 'matching' needs it within ±0.02. To-target "
+             "claims leave out seeds where GRPO gained nothing (no target there); with fewer than two seeds a "
+             "verdict is inconclusive.", "",
+             "| claim | source | the paper's figure (quoted) | measured here | verdict |",
              "| --- | --- | --- | --- | --- |"]
     for row in analysis["claims"]:
         c, iv = row["claim"], row["interval"]
         digits = 2 if iv["kind"] == "factor" else 3
-        lines.append(f"| {c.label} | {c.seed} | {c.quote} | {fmt_interval(iv, digits)} | **{row['verdict']}** |")
+        lines.append(f"| {c.label} | {c.source} | {c.quote} | {fmt_interval(iv, digits)} | **{row['verdict']}** |")
     return lines + [""]
 
 

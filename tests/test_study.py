@@ -176,6 +176,10 @@ def test_analysis_of_synthetic_runs_with_known_answers():
     # Greedy accuracy when asked for (here flat at 0: GRPO gains nothing, which the analysis flags).
     greedy = analyse(runs, metric="eval_accuracy")
     assert greedy["metric"] == "eval_accuracy" and greedy["no_gain_seeds"] == [0, 1, 2]
+    # ... and leaves those seeds out of every to-target comparison (the others keep them).
+    assert greedy["comparisons"][("sara", "ds")]["rollouts_to_target"]["n"] == 0
+    assert greedy["comparisons"][("sara", "ds")]["final_accuracy"]["n"] == 3
+    assert all(r["verdict"] == "inconclusive" for r in greedy["claims"] if r["claim"].measure.endswith("_target"))
 
 
 def test_small_study_end_to_end(tmp_path, fake_verifier):  # noqa: F811
