@@ -20,7 +20,7 @@ METHODS: dict[str, tuple[str, tuple[str, ...]]] = {
     "mopps": ("MoPPS", ("allocation.method=uniform", "allocation.selection.method=mopps")),
     "dps": ("DPS", ("allocation.method=uniform", "allocation.selection.method=dps")),
     "sara": ("SARA (fill)", ("allocation.method=sara",)),
-    "sara_fixed": ("SARA fixed budget", ("allocation.method=sara", "allocation.sara_mode=fixed_budget")),
+    "sara_fixed": ("SARA fixed budget", ("allocation.method=sara", "allocation.sara.mode=fixed_budget")),
     "sara_dps": ("SARA + DPS", ("allocation.method=sara", "allocation.selection.method=dps")),
     "pilot_commit": ("Pilot-Commit", ("allocation.method=pilot_commit",)),
     "ps_adaptive": ("PS adaptive", ("allocation.method=uniform", "prefix_sampling.enabled=true",
