@@ -52,6 +52,19 @@ def test_bad_study_requests_fail_before_compute(tmp_path):
         make_plan(None, ["grpo"], [0], ["allocation.num_prompt=3"], str(tmp_path), quick=True)
 
 
+def test_study_command_defaults_and_errors(tmp_path, capsys):
+    from passrate_jax.cli import build_parser, main
+    from passrate_jax.study import DEFAULT_SEEDS, QUICK_SEEDS
+    assert len(DEFAULT_SEEDS) >= 5 and len(QUICK_SEEDS) >= 2  # paired intervals need seeds
+    args = build_parser().parse_args(["study", "--quick"])
+    assert args.methods == list(METHODS) and args.seeds is None
+    assert main(["study", "--out", str(tmp_path), "--methods", "grpo", "sarah"]) == 2
+    assert main(["study", "--out", str(tmp_path), "--target-fraction", "1.5"]) == 2
+    err = capsys.readouterr().err
+    assert "--methods sarah: unknown" in err and "--target-fraction 1.5" in err
+    assert not any(tmp_path.iterdir()), "nothing is trained or written before the request is validated"
+
+
 # --- statistics with known answers -------------------------------------------------------------------
 
 def test_kaplan_meier_median_keeps_censored_runs():
