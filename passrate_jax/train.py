@@ -28,7 +28,7 @@ from passrate_jax.envs import data as env_data
 from passrate_jax.envs.loop import collect_env_rollouts, env_rollout_metrics
 from passrate_jax.envs.rollouts import env_batch_arrays
 from passrate_jax.loop import collect_rollouts, rollout_metrics
-from passrate_jax.metrics import MetricsWriter, flatten
+from passrate_jax.metrics import MetricsWriter, flatten, write_text_atomic
 from passrate_jax.rl.batch import make_train_batch
 from passrate_jax.rl.optimizer import make_optimizer
 from passrate_jax.rl.train_step import make_train_step, policy_logprobs
@@ -149,7 +149,7 @@ def train(cfg: Config, run_dir: str, *, progress: bool = True, log=print) -> dic
     if resume_from is None:
         session.warm_start(progress=progress and primary)
     if primary:
-        (epath.Path(run_dir) / "config.yaml").write_text(dump_config(cfg))  # a resume may extend steps
+        write_text_atomic(epath.Path(run_dir) / "config.yaml", dump_config(cfg))  # a resume may extend steps
     params = jax.device_put(session.params, fns.param_shardings)
     opt_state = fns.init(params)
     # The KL term's frozen reference policy: the parameters training starts from (after the warm start).
@@ -170,7 +170,9 @@ def train(cfg: Config, run_dir: str, *, progress: bool = True, log=print) -> dic
         store.load_json(meta["store"])
         start, rollouts_total, useful_total = int(meta["step"]), int(meta["rollouts_total"]), int(meta["useful_total"])
         log(f"resuming {run_dir} from the checkpoint of step {start}")
-    writer = MetricsWriter(run_dir, tensorboard=cfg.logging.tensorboard, truncate_after=start, enabled=primary)
+    # A start without a checkpoint drops every record of an attempt killed before its first checkpoint.
+    writer = MetricsWriter(run_dir, tensorboard=cfg.logging.tensorboard,
+                           truncate_after=-1 if resume_from is None else start, enabled=primary)
     if resume_from is None:
         # Step 0: the starting point (after the warm start) that training is measured against.
         writer.write({"step": 0, "rollouts_total": 0, **eval_metrics(session, params, cfg)})
