@@ -21,7 +21,7 @@ from etils import epath
 
 from passrate_jax import distributed
 from passrate_jax.allocation import Allocator, state_from_dict, state_to_dict
-from passrate_jax.checkpoint import RunCheckpointer
+from passrate_jax.checkpoint import RunCheckpointer, check_run_dir
 from passrate_jax.config import Config, dump_config
 from passrate_jax.configlib import ConfigError, to_dict
 from passrate_jax.envs import data as env_data
@@ -120,6 +120,7 @@ def train(cfg: Config, run_dir: str, *, progress: bool = True, log=print) -> dic
     primary = distributed.is_primary()
     if not primary:
         log = _quiet
+    check_run_dir(run_dir)  # an unwritable directory fails here, not at the first checkpoint
     epath.Path(run_dir).mkdir(parents=True, exist_ok=True)  # local, or gs:// seen by every host
     ckpt = RunCheckpointer(run_dir, keep=cfg.checkpoint.keep, async_save=cfg.checkpoint.async_save)
     resume_from = ckpt.latest_step()
@@ -162,6 +163,7 @@ def train(cfg: Config, run_dir: str, *, progress: bool = True, log=print) -> dic
         state = {"params": params, "opt_state": opt_state, "allocator": state_to_dict(alloc_state)}
         return {**state, "ref_params": ref_params} if use_kl else state
 
+    check_run_dir(run_dir, checkpoint_state())  # room for one checkpoint, before any training compute
     if resume_from is not None:
         state, meta = ckpt.restore(resume_from, checkpoint_state())
         params, opt_state = state["params"], state["opt_state"]
