@@ -78,6 +78,12 @@ class DataConfig:
             raise ConfigError(f"level = {self.level}: {self.task} has levels 1..{levels} (0: mixed)")
         if self.source == "builtin" and self.max_level > levels:
             raise ConfigError(f"max_level = {self.max_level}: {self.task} has levels 1..{levels} (0: all)")
+        if self.source in ("jsonl", "parquet", "tfds"):
+            # These only shape procedural problems; a file or dataset is taken as it is.
+            for key in ("level", "max_level", "train_size"):
+                if getattr(self, key) != 0:
+                    raise ConfigError(f"{key} = {getattr(self, key)}: ignored by source {self.source} (it "
+                                      f"applies to sources builtin and env); set data.{key}=0")
         if self.source in ("jsonl", "parquet") and not self.path:
             raise ConfigError(f"path = '': source {self.source} needs a file")
         if self.source == "tfds" and not self.tfds_name:

@@ -39,10 +39,34 @@ def read_jsonl(path: str | os.PathLike) -> list[dict]:
     return [json.loads(line) for line in epath.Path(path).read_text().splitlines() if line.strip()]
 
 
+def _complete_records(text: str) -> list[dict]:
+    """The records of a metrics file, without a last line that a killed process left half written
+    (its step has no checkpoint, since a step's record is written before its checkpoint)."""
+    lines = text.splitlines(keepends=True)
+    if lines and not lines[-1].endswith("\n"):
+        lines = lines[:-1]
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+def write_text_atomic(path: epath.Path, text: str) -> None:
+    """Replace the file at ``path`` with ``text`` so that a kill at any moment leaves the old or the new
+    file, never a truncated one (an object store's write is atomic already)."""
+    if is_remote(path):
+        path.write_text(text)
+        return
+    tmp = f"{os.fspath(path)}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, os.fspath(path))
+
+
 class MetricsWriter:
     """Appends step records to ``run_dir/metrics.jsonl`` and, optionally, TensorBoard events under
     ``run_dir/tensorboard``. Appending lets a resumed run continue the same file; ``truncate_after``
-    drops records past the checkpoint a run resumes from, so no step appears twice. A ``gs://`` run
+    drops records past the checkpoint a run resumes from, so no step appears twice (-1 for a run
+    that starts afresh: records of an attempt killed before its first checkpoint are dropped). A ``gs://`` run
     directory has no append: the file is rewritten whole at every step (a few KB per step)."""
 
     def __init__(self, run_dir: str | os.PathLike, tensorboard: bool = True, truncate_after: int | None = None,
@@ -56,10 +80,10 @@ class MetricsWriter:
         self._remote = is_remote(run_dir)
         self._lines: list[str] = []
         if self.path.exists():
-            self._lines = [json.dumps(r) + "\n" for r in read_jsonl(self.path)
+            self._lines = [json.dumps(r) + "\n" for r in _complete_records(self.path.read_text())
                            if truncate_after is None or r.get("step", 0) <= truncate_after]
             if truncate_after is not None:
-                self.path.write_text("".join(self._lines))
+                write_text_atomic(self.path, "".join(self._lines))
         self._file = None if self._remote else open(self.path, "a")
         if tensorboard:
             from tensorboardX import SummaryWriter

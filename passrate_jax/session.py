@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
+import os
 
 import numpy as np
 from flax import nnx
@@ -21,6 +23,30 @@ from passrate_jax.rollouts import TextRollouts
 from passrate_jax.sampling.sampler import Sampler
 from passrate_jax.sharding import make_mesh
 from passrate_jax.tokenizer import load_tokenizer
+
+
+def max_positions(cfg: Config) -> int:
+    """The model's position limit: a pretrained checkpoint's own (its config.json), else ``cfg.model``'s."""
+    if cfg.model.pretrained is not None:
+        path = os.path.join(cfg.model.pretrained, "config.json")
+        if os.path.isfile(path):  # else loading the checkpoint fails with its own message
+            with open(path) as f:
+                return int(json.load(f).get("max_position_embeddings", cfg.model.max_position_embeddings))
+    return cfg.model.max_position_embeddings
+
+
+def check_context_fits(cfg: Config, records, token_lists) -> None:
+    """Fail before any compute when the longest prompt plus ``sampling.max_new_tokens`` (one assistant
+    turn of an environment) exceeds the model's positions, naming both numbers."""
+    if not token_lists:
+        return
+    longest = max(range(len(token_lists)), key=lambda i: len(token_lists[i]))
+    need, limit = len(token_lists[longest]) + cfg.sampling.max_new_tokens, max_positions(cfg)
+    if need > limit:
+        raise ConfigError(f"prompt {records[longest].prompt_id} is {len(token_lists[longest])} tokens; with "
+                          f"sampling.max_new_tokens = {cfg.sampling.max_new_tokens} a rollout needs {need} positions, "
+                          f"more than model.max_position_embeddings = {limit}. Lower sampling.max_new_tokens, "
+                          "shorten the prompts (data.template), or use a model with more positions")
 
 
 @dataclasses.dataclass
@@ -56,6 +82,7 @@ class Session:
         prompt_tokens = [fmt.encode(r.prompt, tokenizer) for r in prompts]
         heldout = source.heldout(cfg.data.eval_size)
         heldout_tokens = [fmt.encode(r.prompt, tokenizer) for r in heldout]  # once: every evaluation reuses them
+        check_context_fits(cfg, prompts + heldout, prompt_tokens + heldout_tokens)
         model = create_model(cfg.model, seed=cfg.seed, mesh=mesh)
         eos = tokenizer.eos_id
         stop = tuple(i for i in getattr(tokenizer, "stop_ids", ()) if i != eos)

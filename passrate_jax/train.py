@@ -24,11 +24,11 @@ from etils import epath
 
 from passrate_jax import distributed
 from passrate_jax.allocation import Allocator, AllocatorState, state_from_dict, state_to_dict
-from passrate_jax.checkpoint import RunCheckpointer
+from passrate_jax.checkpoint import RunCheckpointer, check_run_dir
 from passrate_jax.config import Config, dump_config
 from passrate_jax.configlib import ConfigError, add_config_arguments, to_dict
 from passrate_jax.loop import collect_rollouts, rollout_metrics
-from passrate_jax.metrics import MetricsWriter, flatten
+from passrate_jax.metrics import MetricsWriter, flatten, write_text_atomic
 from passrate_jax.rl.batch import make_train_batch
 from passrate_jax.rl.optimizer import make_optimizer
 from passrate_jax.rl.train_step import make_train_step, policy_logprobs
@@ -200,13 +200,15 @@ class Reporter:
     """Where a run's records go: ``metrics.jsonl`` and TensorBoard (:class:`MetricsWriter`, primary host
     only; records past the checkpoint a run resumes from are dropped) and the progress bar."""
 
-    def __init__(self, cfg: Config, run_dir: str, start: int, *, primary: bool, progress: bool):
-        self.writer = MetricsWriter(run_dir, tensorboard=cfg.logging.tensorboard, truncate_after=start,
-                                    enabled=primary)
+    def __init__(self, cfg: Config, run_dir: str, start: int | None, *, primary: bool, progress: bool):
+        # A start without a checkpoint (start None) drops every record of an attempt killed before
+        # its first checkpoint; a resume drops the records past the checkpoint it resumes from.
+        self.writer = MetricsWriter(run_dir, tensorboard=cfg.logging.tensorboard,
+                                    truncate_after=-1 if start is None else start, enabled=primary)
         self.bar = None
         if progress and cfg.logging.progress_bar and primary:
             from tqdm import tqdm
-            self.bar = tqdm(total=cfg.steps, initial=start, desc="train", unit="step", dynamic_ncols=True)
+            self.bar = tqdm(total=cfg.steps, initial=start or 0, desc="train", unit="step", dynamic_ncols=True)
 
     def write(self, record: dict) -> None:
         """One record (step 0: the starting point; then one per step)."""
@@ -244,6 +246,7 @@ def train(cfg: Config, run_dir: str, *, progress: bool = True, log=print) -> dic
     distributed.initialize(cfg.distributed)  # before any other JAX call
     primary = distributed.is_primary()
     log = log if primary else _quiet
+    check_run_dir(run_dir)  # an unwritable directory fails here, not at the first checkpoint
     epath.Path(run_dir).mkdir(parents=True, exist_ok=True)  # local, or gs:// seen by every host
     ckpt = Checkpoints(cfg, run_dir)
     stages = build_stages(cfg, log)
@@ -251,13 +254,14 @@ def train(cfg: Config, run_dir: str, *, progress: bool = True, log=print) -> dic
     if ckpt.resume_from is None:
         session.warm_start(progress=progress and primary)
     if primary:
-        (epath.Path(run_dir) / "config.yaml").write_text(dump_config(cfg))  # a resume may extend steps
+        write_text_atomic(epath.Path(run_dir) / "config.yaml", dump_config(cfg))  # a resume may extend steps
     alloc_state = stages.allocator.init(jax.random.key_data(jax.random.key(cfg.seed)))
     state = stages.updater.start(session.params, alloc_state)
+    check_run_dir(run_dir, state.arrays())  # room for one checkpoint, before any training compute
     if ckpt.resume_from is not None:
         state = ckpt.restore(state, session.backend)
         log(f"resuming {run_dir} from the checkpoint of step {state.step}")
-    reporter = Reporter(cfg, run_dir, state.step, primary=primary, progress=progress)
+    reporter = Reporter(cfg, run_dir, None if ckpt.resume_from is None else state.step, primary=primary, progress=progress)
     if ckpt.resume_from is None:  # step 0: the starting point that training is measured against
         reporter.write({"step": 0, "rollouts_total": 0, **eval_metrics(session, state.params, cfg)})
     record, t_run = {}, time.perf_counter()

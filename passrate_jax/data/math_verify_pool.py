@@ -126,6 +126,8 @@ class VerifierPool:
         self._preload = tuple(preload)
         self._ctx = multiprocessing.get_context("spawn")
         self._slots: list[_Slot] = []
+        # Seconds from hand-over to result or kill of each call of the last map (NaN: never handed over).
+        self.call_seconds: list[float] = []
 
     def map(self, fn: Callable[..., float], calls: Iterable[tuple]) -> list[float]:
         """``[float(fn(*args)) for args in calls]`` run in the workers; a call that times out, raises,
@@ -133,6 +135,7 @@ class VerifierPool:
         warning. ``fn`` must be importable by name (a module-level function) for workers to load it."""
         calls = list(calls)
         results = [0.0] * len(calls)
+        self.call_seconds = [math.nan] * len(calls)
         todo = collections.deque(range(len(calls)))
         while len(self._slots) < self.workers:
             self._slots.append(_Slot(self._ctx, self._preload))
@@ -160,6 +163,7 @@ class VerifierPool:
             for k, slot in enumerate(self._slots):
                 if slot.call and slot.call[1] <= now:
                     i = slot.call[0]
+                    self._finished(slot)
                     self.counter.warn("timeout", f"{_name(fn)}{_short(calls[i])} ran over {self.timeout_s:g} s")
                     self._replace(k)
         return results
@@ -173,6 +177,7 @@ class VerifierPool:
                 raise RuntimeError(f"a verifier worker died while starting (exit code {slot.process.exitcode}, "
                                    f"preloading {self._preload}); see its error output above") from None
             if slot.call:
+                self._finished(slot)
                 self.counter.warn("error", f"{_name(fn)}{_short(calls[slot.call[0]])} killed its worker")
             self._replace(self._slots.index(slot))
             return
@@ -182,8 +187,13 @@ class VerifierPool:
         if slot.call is None:
             return
         i, _ = slot.call
+        self._finished(slot)
         slot.call = None
         results[i] = self._reward(fn, calls[i], *message)
+
+    def _finished(self, slot: _Slot) -> None:
+        i, deadline = slot.call
+        self.call_seconds[i] = time.monotonic() - (deadline - self.timeout_s)
 
     def _replace(self, k: int) -> None:
         """Kill worker ``k`` (with whatever call it was running) and start a fresh one in its place."""
@@ -248,6 +258,29 @@ def _latex(text: str) -> str:
     return text if "$" in text or "\\(" in text or "\\[" in text else f"${text}$"
 
 
+def _config():
+    from math_verify import LatexExtractionConfig
+    return [LatexExtractionConfig(try_extract_without_anchor=True)]
+
+
+_PARSED_REFERENCES: dict[str, list] = {}
+_MAX_PARSED_REFERENCES = 4096
+
+
+def _parse_reference(reference: str, timeout_s: int):
+    """A reference parsed once per worker: a group's answers share one, and parsing is most of a call.
+    Only successful parses are kept, so a parse cut short by the timeout is tried again next time."""
+    from math_verify import parse
+    if reference in _PARSED_REFERENCES:
+        return _PARSED_REFERENCES[reference]
+    gold = parse(_latex(reference), _config(), parsing_timeout=timeout_s)
+    if gold:
+        if len(_PARSED_REFERENCES) >= _MAX_PARSED_REFERENCES:
+            _PARSED_REFERENCES.clear()
+        _PARSED_REFERENCES[reference] = gold
+    return gold
+
+
 def math_equal(prediction: str, reference: str, timeout_s: int = 5) -> float:
     """1.0 iff math-verify finds ``prediction`` mathematically equal to ``reference`` (fractions,
     decimals, percentages, LaTeX, sets, equations ``x = 3`` against ``3``), else 0.0.
@@ -258,15 +291,14 @@ def math_equal(prediction: str, reference: str, timeout_s: int = 5) -> float:
     whose timeout also covers code a signal cannot interrupt. Raises only on internal failures, which
     the pool scores 0 and counts.
     """
-    from math_verify import LatexExtractionConfig, parse, verify
+    from math_verify import parse, verify
 
     if not isinstance(prediction, str) or not isinstance(reference, str):
         return 0.0
     if not prediction.strip() or len(prediction) > MAX_ANSWER_CHARS:
         return 0.0
-    config = [LatexExtractionConfig(try_extract_without_anchor=True)]
-    gold = parse(_latex(reference), config, parsing_timeout=timeout_s)
-    pred = parse(_latex(prediction), config, parsing_timeout=timeout_s)
+    gold = _parse_reference(reference, timeout_s)
+    pred = parse(_latex(prediction), _config(), parsing_timeout=timeout_s)
     if not gold or not pred:
         return 0.0
     return float(verify(gold, pred, timeout_seconds=timeout_s))

@@ -12,14 +12,15 @@ Verifiers (``DataConfig.verifier``):
 - ``numeric``: both parse as numbers (integers with thousands separators, decimals, fractions ``a/b``,
   a trailing ``%`` is *not* a number) and are equal within ``rel_tol``;
 - ``math``: numeric or exact first (in process, cheap), then math-verify's symbolic equivalence in a
-  :class:`VerifierPool` with a per-call timeout; answers known to stall math-verify (deep nesting,
-  huge exponents, see :func:`too_complex`) score 0 without it.
+  :class:`VerifierPool` with a per-call timeout; answers math-verify cannot decide in any timeout (deep
+  nesting, integers of more than ``MAX_DIGITS`` digits, see :func:`too_complex`) score 0 without it.
 Nothing is ever ``eval``ed; on any failure the reward is 0.
 """
 
 from __future__ import annotations
 
 import fractions
+import math
 import re
 from collections.abc import Sequence
 from typing import Literal
@@ -40,9 +41,17 @@ _NUMERIC = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d{1,3})?(?:/[-+
 # so that they do not each burn a timeout and a worker restart: bracket nesting deeper than this (its
 # LaTeX parser is exponential in nested bare groups: depth 10 takes ~2.5 s) ...
 MAX_NESTING = 6
-# ... integer exponents of six digits or more (9999999^{9999999} never finishes), and factorials of
-# factorials or of five-digit numbers (9!!! is (9!)!! to sympy: 362880!, seconds).
-_HUGE_VALUE = re.compile(r"\^\s*\{?\s*[-+]?\d{6}|!\s*!|\d{5}\s*!")
+# ... and integers too large to compute at all: sympy evaluates an integer power or factorial exactly,
+# in C code no signal interrupts, so 9999999^{9999999} (70 million digits) would burn a whole timeout
+# and a worker. Only a value estimated to exceed MAX_DIGITS digits is refused; anything smaller, such
+# as 2^{123456} (37,166 digits, verified in ~0.1 s) or 3!!, goes to math-verify under the timeout.
+# 2^{3000000} (903,090 digits) verifies in ~0.7 s on a loaded 2-core CPU.
+MAX_DIGITS = 2_000_000
+# Literal integer power towers (a^b, a^{b}, a^{b^{c}}, with braces) and factorial chains (n!, n!!):
+# math-verify reads n!! as (n!)!, as sympy does.
+_TOWER = re.compile(r"\d+(?:\s*\^\s*\{?\s*[-+]?\d+)+")
+_FACTORIALS = re.compile(r"(\d+)((?:\s*!)+)")
+_LOG10_MAX = math.log10(MAX_DIGITS)
 # Wrappers a model (or a dataset) puts around a plain number: $...$, \(...\), \text{...}, a final period.
 _STRIP = re.compile(r"^\$+|\$+$|^\\\(|\\\)$|\.$")
 
@@ -55,10 +64,43 @@ def _normalise(text: str) -> str:
     return text
 
 
+def _log10_digits_of_tower(text: str) -> float:
+    """log10 of the number of digits of the literal power tower ``text`` (right-associative)."""
+    numbers = [abs(int(n)) for n in re.findall(r"\d+", text)]
+    log10_value = math.log10(max(numbers[-1], 1))  # log10 of the exponent evaluated so far
+    for base in reversed(numbers[:-1]):
+        if base <= 1:
+            return 0.0
+        digits_log10 = log10_value + math.log10(math.log10(base))  # log10(exponent * log10(base))
+        if digits_log10 > _LOG10_MAX:
+            return digits_log10
+        log10_value = 10 ** log10_value * math.log10(base)  # log10(base ** exponent)
+    return math.log10(max(log10_value, 1.0))
+
+
+def _log10_digits_of_factorials(n: int, bangs: int) -> float:
+    """log10 of the number of digits of n followed by ``bangs`` factorials, each of the one before."""
+    value_log10 = math.log10(max(n, 1))
+    for _ in range(bangs):
+        if value_log10 > _LOG10_MAX:  # the argument alone has more digits than allowed
+            return math.inf
+        value = 10 ** value_log10
+        value_log10 = math.lgamma(value + 1) / math.log(10)  # log10(value!)
+    return math.log10(max(value_log10, 1.0))
+
+
+def too_large(answer: str) -> bool:
+    """Whether ``answer`` holds a literal integer power or factorial with more than ``MAX_DIGITS`` digits."""
+    if any(_log10_digits_of_tower(m[0]) > _LOG10_MAX for m in _TOWER.finditer(answer)):
+        return True
+    return any(_log10_digits_of_factorials(int(m[1]), m[2].count("!")) > _LOG10_MAX
+               for m in _FACTORIALS.finditer(answer))
+
+
 def too_complex(answer: str) -> bool:
-    """Whether ``answer`` is too long, too deeply nested, or has too large a power or factorial for
-    math-verify (see ``MAX_NESTING``); no real final answer is."""
-    if len(answer) > MAX_ANSWER_CHARS or _HUGE_VALUE.search(answer):
+    """Whether ``answer`` is too long, too deeply nested (see ``MAX_NESTING``), or holds an integer too
+    large to compute (see ``MAX_DIGITS``) for math-verify to decide within any timeout."""
+    if len(answer) > MAX_ANSWER_CHARS or too_large(answer):
         return True
     depth = 0
     for ch in answer:
