@@ -32,13 +32,14 @@ class StepRollouts:
 
 def collect_rollouts(allocator: Allocator, state: AllocatorState, store: RolloutStore, sampler: Sampler, params,
                      *, seed: int, max_new_tokens: int, decode: Callable[[list[int]], str],
-                     verify: Callable[[list[int], list[str]], np.ndarray]) -> StepRollouts:
+                     verify: Callable[[list[int], list[str]], np.ndarray],
+                     success_threshold: float = 0.5) -> StepRollouts:
     """Run one step's allocation rounds with the real sampler and verifier.
 
     ``verify(prompt_indices, response_texts)`` returns one reward per response (a round's responses are
     scored in one call, so a process-pool verifier works in parallel). Should it raise, the round's
-    rewards are 0 and counted as verifier errors: a verifier never stops training. Rewards are
-    binarised at 0.5 for the allocator.
+    rewards are 0 and counted as verifier errors: a verifier never stops training. The store keeps the
+    rewards as scored (advantages use them as is); the allocator sees successes, reward >= ``success_threshold``.
     """
     run = allocator.start_step(state)
     all_rewards: list[int] = []
@@ -52,13 +53,14 @@ def collect_rollouts(allocator: Allocator, state: AllocatorState, store: Rollout
         texts = [decode(store.groups[requests[c].group_key].prefix + comp)
                  for c, comp in zip(out.context_index, completions)]
         try:
-            rewards = (np.asarray(verify(prompts, texts), np.float32) >= 0.5).astype(int)
+            scored = np.asarray(verify(prompts, texts), np.float32)
         except Exception:  # noqa: BLE001 - reward 0 and a counted error, never a crash
-            rewards, errors = np.zeros(len(texts), int), errors + len(texts)
+            scored, errors = np.zeros(len(texts), np.float32), errors + len(texts)
+        rewards = (scored >= success_threshold).astype(int)
         results = []
         for c, req in enumerate(requests):
             rows = np.flatnonzero(out.context_index == c)
-            store.record(req, [completions[r] for r in rows], rewards[rows].tolist())
+            store.record(req, [completions[r] for r in rows], scored[rows].tolist())
             results.append(Result(req.group_key, tuple(int(x) for x in rewards[rows])))
         all_rewards += rewards.tolist()
         run.observe(results)

@@ -42,7 +42,7 @@ class GroupRecord:
     prompt: int
     prefix: list[int]
     completions: dict[int, list[int]] = dataclasses.field(default_factory=dict)
-    rewards: dict[int, int] = dataclasses.field(default_factory=dict)
+    rewards: dict[int, float] = dataclasses.field(default_factory=dict)  # as scored, before the success threshold
 
 
 class RolloutStore:
@@ -71,11 +71,11 @@ class RolloutStore:
                                max_new_tokens=max(1, max_new_tokens - len(g.prefix))))
         return out
 
-    def record(self, request: Request, completions: Sequence[list[int]], rewards: Sequence[int]) -> None:
+    def record(self, request: Request, completions: Sequence[list[int]], rewards: Sequence[float]) -> None:
         g = self.groups[request.group_key]
         for j, (ids, reward) in enumerate(zip(completions, rewards)):
             g.completions[request.first_index + j] = list(ids)
-            g.rewards[request.first_index + j] = int(reward)
+            g.rewards[request.first_index + j] = float(reward)
 
     def response(self, group_key: int, index: int) -> list[int]:
         """Prefix + completion ids of one rollout: the whole response the verifier scores."""
@@ -94,7 +94,7 @@ class RolloutStore:
     def load_json(self, data: dict) -> None:
         self.groups = {int(k): GroupRecord(prompt=v["prompt"], prefix=list(v["prefix"]),
                                            completions={int(i): list(c) for i, c in v["completions"].items()},
-                                           rewards={int(i): int(r) for i, r in v["rewards"].items()})
+                                           rewards={int(i): float(r) for i, r in v["rewards"].items()})
                        for k, v in data.items()}
 
 
@@ -114,7 +114,7 @@ def batch_arrays(store: RolloutStore, groups: Sequence[TrainGroup], *, rows: int
             comp = g.completions[i]
             seqs.append(context + comp)
             masks.append([0] * len(context) + [1] * len(comp))
-            rewards.append(float(tg.rewards[i]))
+            rewards.append(g.rewards[i])  # the scored reward, not the allocator's success bit
             gids.append(gi)
     return pack_rows(seqs, masks, rewards, gids, num_groups=len(groups), rows=rows, width_buckets=width_buckets,
                      pad_id=pad_id)

@@ -12,7 +12,8 @@ from passrate_jax.config import Config
 from passrate_jax.configlib import ConfigError
 from passrate_jax.data.formatting import PromptFormat
 from passrate_jax.data.rewards import Rewarder
-from passrate_jax.data.sources import PromptRecord, make_source
+from passrate_jax.data.configured import make_source
+from passrate_jax.data.sources import PromptRecord
 from passrate_jax.evaluate import EvalPrompt, evaluate
 from passrate_jax.model import create_model
 from passrate_jax.sampling.sampler import Sampler

@@ -195,7 +195,8 @@ def train(cfg: Config, run_dir: str, *, progress: bool = True, log=print) -> dic
             else:
                 ro = collect_rollouts(allocator, alloc_state, store, session.sampler, params,
                                       seed=_step_seed(cfg.seed, step), max_new_tokens=cfg.sampling.max_new_tokens,
-                                      decode=session.decode, verify=session.verify)
+                                      decode=session.decode, verify=session.verify,
+                                      success_threshold=cfg.data.reward_threshold)
             t1 = time.perf_counter()
             record = {"step": step, **(env_rollout_metrics if env_run else rollout_metrics)(allocator, ro)}
             rollouts_total += ro.result.rollouts_spent

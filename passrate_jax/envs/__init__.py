@@ -15,4 +15,20 @@ from passrate_jax.envs.files import FilesEnv
 # The built-in environments by the name ``data.env`` takes.
 ENVS: dict[str, Environment] = {"calculator": CalculatorEnv(), "files": FilesEnv()}
 
-__all__ = ["ENVS", "CalculatorEnv", "EnvTask", "Environment", "Episode", "FilesEnv", "StepOutcome", "Transition"]
+
+
+def resolve_env(name: str) -> Environment:
+    """The environment ``data.env`` names: a built-in by name, or a user's class ``"path/file.py:ClassName"``
+    (``passrate_jax.plugins.load_environment``: imported and checked once, the same instance every time)."""
+    from passrate_jax.plugins import is_plugin_spec, load_environment
+
+    if is_plugin_spec(name):
+        return load_environment(name)
+    if name not in ENVS:
+        from passrate_jax.configlib import ConfigError
+        raise ConfigError(f"data.env = {name!r}: not a built-in environment ({', '.join(ENVS)}) nor "
+                          "'path/to/file.py:ClassName'")
+    return ENVS[name]
+
+
+__all__ = ["ENVS", "resolve_env", "CalculatorEnv", "EnvTask", "Environment", "Episode", "FilesEnv", "StepOutcome", "Transition"]
