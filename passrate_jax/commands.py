@@ -14,23 +14,11 @@ def load_run_params(run_dir: str, session, step: int | None = None):
     """The parameters of checkpoint ``step`` (default: the latest) of ``run_dir``, in the session's
     model structure and shardings."""
     import jax
-    from flax import nnx
 
-    from passrate_jax.checkpoint import RunCheckpointer
-    ckpt = RunCheckpointer(run_dir)
-    try:
-        state, meta = ckpt.restore_saved(step)
-    finally:
-        ckpt.close()
-    def unwrap(tree):
-        # Orbax stores each nnx Variable as {"value": array}; nnx's pure dicts hold the arrays.
-        if isinstance(tree, dict):
-            return unwrap(tree["value"]) if set(tree) == {"value"} else {k: unwrap(v) for k, v in tree.items()}
-        return tree
-
+    from passrate_jax.checkpoint import load_params
     params = session.params
-    nnx.replace_by_pure_dict(params, unwrap(state["params"]))
-    return int(meta["step"]), jax.device_put(params, session.sampler.param_shardings)
+    step = load_params(run_dir, params, step)
+    return step, jax.device_put(params, session.sampler.param_shardings)
 
 
 def add_subparsers(subparsers) -> None:
