@@ -113,7 +113,7 @@ class Session:
             from passrate_jax.envs import data as env_data
             return env_data.evaluate(self, params, seed=seed, num_samples=num_samples, ks=ks)
         def verifier(record):
-            return lambda text: float(self.score([record], [text])[0])
+            return lambda text: float(self.score([record], [text])[0] >= self.cfg.data.reward_threshold)
         prompts = [EvalPrompt(ids, verifier(r), int(r.metadata.get("level", 0)))
                    for r, ids in zip(self.heldout, self.heldout_tokens)]
         if not prompts:
