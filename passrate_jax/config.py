@@ -164,9 +164,21 @@ class CheckpointConfig:
 
 @dataclasses.dataclass(frozen=True)
 class LoggingConfig:
-    """Metrics output (metrics.jsonl gets a record every step)."""
+    """Metrics output (metrics.jsonl gets a record every step; TensorBoard and W&B get the same)."""
     tensorboard: bool = option(True)
     progress_bar: bool = option(True)
+    wandb: bool = option(False, doc="also log every metrics.jsonl key and the plots to Weights & Biases "
+                                    "(pip install 'passrate-jax[wandb]')")
+    wandb_project: str = option("passrate-jax", doc="W&B project")
+    wandb_name: str = option("", doc="W&B run name; empty: the run directory's name")
+    wandb_tags: tuple[str, ...] = option((), doc="W&B run tags")
+    wandb_mode: Literal["online", "offline", "disabled"] = option(
+        "online", doc="offline: write the W&B run under run_dir/wandb with no network (upload with wandb sync)")
+
+    def validate(self) -> None:
+        if self.wandb:
+            from passrate_jax.trackers import check_wandb_installed
+            check_wandb_installed()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -170,7 +170,7 @@ def train(cfg: Config, run_dir: str, *, progress: bool = True, log=print) -> dic
         store.load_json(meta["store"])
         start, rollouts_total, useful_total = int(meta["step"]), int(meta["rollouts_total"]), int(meta["useful_total"])
         log(f"resuming {run_dir} from the checkpoint of step {start}")
-    writer = MetricsWriter(run_dir, tensorboard=cfg.logging.tensorboard, truncate_after=start, enabled=primary)
+    writer = MetricsWriter.for_run(cfg, run_dir, truncate_after=start, enabled=primary)
     if resume_from is None:
         # Step 0: the starting point (after the warm start) that training is measured against.
         writer.write({"step": 0, "rollouts_total": 0, **eval_metrics(session, params, cfg)})
