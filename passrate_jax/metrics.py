@@ -15,6 +15,8 @@ from typing import Any
 import numpy as np
 from etils import epath
 
+from passrate_jax.runfiles import is_remote, read_jsonl  # noqa: F401 - read_jsonl is public here too
+
 
 def to_python(value: Any) -> Any:
     """Arrays and numpy scalars -> Python numbers / lists, recursively; NaN and inf -> None."""
@@ -28,16 +30,6 @@ def to_python(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
-
-
-def is_remote(path: str | os.PathLike) -> bool:
-    """A URL such as ``gs://bucket/run`` (read and written through etils.epath) rather than a local path."""
-    return "://" in os.fspath(path)
-
-
-def read_jsonl(path: str | os.PathLike) -> list[dict]:
-    """All records of a metrics file (a local path or a ``gs://`` URL), in order."""
-    return [json.loads(line) for line in epath.Path(path).read_text().splitlines() if line.strip()]
 
 
 class MetricsWriter:

@@ -59,7 +59,7 @@ class WandbTracker:
 
         from etils import epath
 
-        from passrate_jax.metrics import is_remote
+        from passrate_jax.runfiles import is_remote
 
         self.run_dir = os.fspath(run_dir)
         id_file = epath.Path(self.run_dir) / "wandb_id"
