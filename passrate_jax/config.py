@@ -27,8 +27,9 @@ class DataConfig:
         "builtin", doc="builtin: procedural task; jsonl/parquet: local file at path; tfds: array_record TFDS dataset; "
                        "env: multi-turn environment data.env (sampling.max_new_tokens is then per assistant turn)")
     task: Literal["arithmetic", "countdown"] = option("arithmetic", doc="built-in task (source builtin)")
-    env: str = option("calculator", doc="multi-turn environment (source env): calculator, files, or your own class "
-                                        "'path/to/file.py:ClassName' / 'package.module:ClassName' (passrate_jax/envs/base.py)")
+    env: str = option("calculator", doc="multi-turn environment (source env): calculator, files, or your own "
+                                        "class 'path/to/file.py:ClassName' / 'package.module:ClassName' "
+                                        "(protocol: passrate_jax/envs/base.py)")
     max_turns: int = option(0, ge=0, doc="source env: assistant turns before an episode is cut off (reward of its "
                                          "state then); 0: the environment's default")
     seed: int = option(0, ge=0, doc="seed of the epoch shuffles and of the built-in problems")
@@ -76,7 +77,7 @@ class DataConfig:
             if self.reward_fn:
                 raise ConfigError(f"reward_fn = {self.reward_fn!r}: not used with source env (the environment's "
                                   "reward(task, state) scores episodes)")
-            levels = resolve_env(self.env).levels
+            levels = resolve_env(self.env, field="env").levels
             if self.level > levels or self.max_level > levels:
                 raise ConfigError(f"level = {self.level}, max_level = {self.max_level}: environment {self.env} has "
                                   f"levels 1..{levels} (0: all)")
@@ -97,7 +98,7 @@ class DataConfig:
             if self.verifier != "auto":
                 raise ConfigError(f"verifier = {self.verifier!r}, reward_fn = {self.reward_fn!r}: give one (the "
                                   "reward function replaces the verifier)")
-            load_reward_fn(self.reward_fn)
+            load_reward_fn(self.reward_fn, field="reward_fn")  # configlib prefixes the section: data.reward_fn
         if self.verifier == "task" and not self._builtin_data:
             raise ConfigError(f"verifier = 'task': only for built-in task data, not source {self.source} "
                               f"{self.tfds_name or self.path!r}")

@@ -13,7 +13,6 @@ The model's response reaches it as a string; nothing here executes model output.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import importlib
 import importlib.util
@@ -63,10 +62,10 @@ def _module(where: str, field: str, spec: str):
         raise ConfigError(f"{field} = {spec!r}: cannot import module {where!r}: {type(e).__name__}: {e}") from e
 
 
-@functools.cache
 def load_object(spec: str, field: str = "plugin") -> Any:
     """The object ``name`` of the file or module ``where`` in ``spec = "where:name"``; ConfigError
-    naming ``field`` and the spec when it cannot be imported or does not define ``name``."""
+    naming ``field`` and the spec when it cannot be imported or does not define ``name``. A file is
+    executed once per process (later calls find its module in ``sys.modules``)."""
     where, name = _split(spec, field)
     module = _module(where, field, spec)
     if not hasattr(module, name):
@@ -110,13 +109,19 @@ _ENV_METHODS = ("sample", "reset", "step", "reward", "state_json")
 _ENV_ATTRIBUTES = ("name", "levels", "max_turns")
 
 
+# One instance per environment spec and process: the config check, the prompt source and the rollout
+# store all see the same object.
+_ENVIRONMENTS: dict[str, Any] = {}
+
+
 def load_environment(spec: str, field: str = "data.env") -> Any:
-    """An instance of the environment class ``spec`` names (one per spec: the same object every time),
-    checked against the protocol of ``passrate_jax.envs.base.Environment``."""
-    return _environment(spec, field)
+    """An instance of the environment class ``spec`` names (the same object every time), checked against
+    the protocol of ``passrate_jax.envs.base.Environment``."""
+    if spec not in _ENVIRONMENTS:
+        _ENVIRONMENTS[spec] = _environment(spec, field)
+    return _ENVIRONMENTS[spec]
 
 
-@functools.cache
 def _environment(spec: str, field: str) -> Any:
     cls = load_object(spec, field)
     if not inspect.isclass(cls):

@@ -78,8 +78,8 @@ class WandbTracker:
 
         from passrate_jax.plot import plot_run
         try:
-            images = {f"plots/{os.path.splitext(os.path.basename(p))[0]}": wandb.Image(p) for p in plot_run(self.run_dir)}
-            self._run.log(images)
+            self._run.log({f"plots/{os.path.splitext(os.path.basename(p))[0]}": wandb.Image(p)
+                           for p in plot_run(self.run_dir)})
         except Exception as e:  # noqa: BLE001 - a figure that fails to draw must not lose the run's metrics
             log.warning("wandb: plots not logged: %s", e)
         self._run.finish()

@@ -72,7 +72,8 @@ def test_eval_on_a_jsonl_file_matches_brute_force_pass_at_k(tmp_path, monkeypatc
     assert result["accuracy"] == pytest.approx(np.mean(correct))
     assert result["accuracy_se"] == pytest.approx(se(correct))
     rates = [np.mean(sampled[p]) for p in prompts]
-    assert result[f"mean@{n}"] == pytest.approx(np.mean(rates)) and result["sampled_accuracy_se"] == pytest.approx(se(rates))
+    assert result[f"mean@{n}"] == pytest.approx(np.mean(rates))
+    assert result["sampled_accuracy_se"] == pytest.approx(se(rates))
     for k in ks:
         per_prompt = [brute_force_pass_at_k(sampled[p], k) for p in prompts]
         assert result[f"pass@{k}"] == pytest.approx(np.mean(per_prompt))

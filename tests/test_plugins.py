@@ -105,7 +105,7 @@ def test_an_unloadable_plugin_fails_before_compute_naming_it(tmp_path, plugin, c
     assert main(["train", "--run-dir", str(run_dir), "data.source=jsonl", f"data.path={data}",
                  f"data.reward_fn={spec}"]) == 2
     err = capsys.readouterr().err
-    assert "data.reward_fn" in err and spec in err and message in err
+    assert f"data.reward_fn = {spec!r}" in err and message in err
     assert not os.path.exists(run_dir)
 
 
@@ -114,3 +114,23 @@ def test_plugin_replaces_the_verifier_and_is_not_for_environments(plugin):
         load_config(None, [f"data.reward_fn={plugin}:score", "data.verifier=exact"])
     with pytest.raises(ConfigError, match="not used with source env"):
         load_config(None, [f"data.reward_fn={plugin}:score", "data.source=env"])
+
+
+EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "examples")
+
+
+def test_readme_example_reward_scores_final_answers_and_format():
+    from passrate_jax.plugins import load_reward_fn
+    reward = load_reward_fn(os.path.join(EXAMPLES, "reward_fn.py") + ":reward")
+    assert reward("2+2=", "2+2\n=> 4", "4") == 1.0
+    assert reward("q", "so the answer is 1,234.", "1234") == 1.0
+    assert reward("2+2=", "=> 5", "4") == 0.1
+    assert reward("2+2=", "four", "4") == 0.0
+
+
+def test_readme_shows_the_example_plugins_as_they_are_tested():
+    """The README's "your own task" code blocks are the example files the tests run, verbatim."""
+    readme = open(os.path.join(EXAMPLES, "..", "README.md")).read()
+    for name in ("reward_fn.py", "guess_env.py"):
+        source = open(os.path.join(EXAMPLES, name)).read()
+        assert f"```python\n# examples/{name}\n{source}```" in readme, name

@@ -149,7 +149,8 @@ class Rewarder:
         if len(records) != len(responses):
             raise ValueError(f"{len(records)} records but {len(responses)} responses")
         if self.reward_fn:
-            calls = [(self.reward_fn, r.prompt, text, r.answer, dict(r.metadata)) for r, text in zip(records, responses)]
+            calls = [(self.reward_fn, r.prompt, text, r.answer, dict(r.metadata))
+                     for r, text in zip(records, responses)]
             return np.asarray(self._pool.map(call_reward, calls), np.float32)
         if self.verifier == "task":
             return np.asarray([TASKS[r.metadata["task"]].verify(builtin_problem(r), text)

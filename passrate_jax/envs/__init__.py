@@ -17,16 +17,16 @@ ENVS: dict[str, Environment] = {"calculator": CalculatorEnv(), "files": FilesEnv
 
 
 
-def resolve_env(name: str) -> Environment:
+def resolve_env(name: str, field: str = "data.env") -> Environment:
     """The environment ``data.env`` names: a built-in by name, or a user's class ``"path/file.py:ClassName"``
     (``passrate_jax.plugins.load_environment``: imported and checked once, the same instance every time)."""
     from passrate_jax.plugins import is_plugin_spec, load_environment
 
     if is_plugin_spec(name):
-        return load_environment(name)
+        return load_environment(name, field)
     if name not in ENVS:
         from passrate_jax.configlib import ConfigError
-        raise ConfigError(f"data.env = {name!r}: not a built-in environment ({', '.join(ENVS)}) nor "
+        raise ConfigError(f"{field} = {name!r}: not a built-in environment ({', '.join(ENVS)}) nor "
                           "'path/to/file.py:ClassName'")
     return ENVS[name]
 
