@@ -62,6 +62,16 @@ def _module(where: str, field: str, spec: str):
         raise ConfigError(f"{field} = {spec!r}: cannot import module {where!r}: {type(e).__name__}: {e}") from e
 
 
+def fingerprint(spec: str) -> str:
+    """``spec`` plus, for a plugin file, a hash of its content: what caches keyed by the config (the warm
+    start's) must include, so that editing the file invalidates them. A built-in name is returned as is."""
+    where = spec.rpartition(":")[0]
+    if not (is_plugin_spec(spec) and where.endswith(".py") and os.path.isfile(where)):
+        return spec
+    with open(where, "rb") as f:
+        return f"{spec}#{hashlib.sha256(f.read()).hexdigest()[:16]}"
+
+
 def load_object(spec: str, field: str = "plugin") -> Any:
     """The object ``name`` of the file or module ``where`` in ``spec = "where:name"``; ConfigError
     naming ``field`` and the spec when it cannot be imported or does not define ``name``. A file is

@@ -76,7 +76,8 @@ def cache_key(cfg: Config) -> str:
     data = {"model": to_dict(cfg.model), "warm_start": to_dict(ws), "task": cfg.data.task,
             "max_level": cfg.data.max_level, "seed": cfg.seed, "version": 1}
     if cfg.data.source == "env":  # only then, so the built-in tasks' cached warm starts stay valid
-        data.update(env=cfg.data.env, level=cfg.data.level, max_turns=cfg.data.max_turns,
+        from passrate_jax.plugins import fingerprint  # a plugin's file content, so editing it re-runs the warm start
+        data.update(env=fingerprint(cfg.data.env), level=cfg.data.level, max_turns=cfg.data.max_turns,
                     template=cfg.data.template, data_seed=cfg.data.seed)
     blob = json.dumps(data, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]

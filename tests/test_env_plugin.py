@@ -56,3 +56,15 @@ def test_a_class_missing_the_protocol_is_refused_before_compute(tmp_path):
         load_config(None, ["data.source=env", f"data.env={tmp_path}/bad_env.py:Half"])
     with pytest.raises(ConfigError, match="^data.env = 'calculater': not a built-in environment"):
         load_config(None, ["data.source=env", "data.env=calculater"])
+
+
+def test_editing_a_plugin_environment_invalidates_its_cached_warm_start(tmp_path):
+    from passrate_jax.sft import cache_key
+    path = tmp_path / "env.py"
+    path.write_text(open(EXAMPLE.rpartition(":")[0]).read())
+    cfg = load_config(None, ["data.source=env", f"data.env={path}:GuessEnv"])
+    before = cache_key(cfg)
+    path.write_text(path.read_text().replace("max_turns = 5", "max_turns = 6"))
+    assert cache_key(cfg) != before
+    from passrate_jax.plugins import fingerprint
+    assert fingerprint("calculator") == "calculator"  # built-in environments keep their cached warm starts

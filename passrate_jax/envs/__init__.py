@@ -5,6 +5,7 @@
 - ``replay.py``: turn records, the assistant-turn cut, and rebuilding a prefix's state by re-execution.
 - ``episodes.py``: the sampler turn loop (one sampler call per assistant turn of every live rollout).
 - ``rollouts.py`` / ``loop.py``: the trajectory store, update batch and host step loop for env runs.
+- ``resolve_env``: ``data.env`` to an environment, built-in or the user's class (``passrate_jax/plugins.py``).
 - ``data.py``: the prompt source, the expert warm start and held-out evaluation of env runs.
 """
 
@@ -14,7 +15,6 @@ from passrate_jax.envs.files import FilesEnv
 
 # The built-in environments by the name ``data.env`` takes.
 ENVS: dict[str, Environment] = {"calculator": CalculatorEnv(), "files": FilesEnv()}
-
 
 
 def resolve_env(name: str, field: str = "data.env") -> Environment:
@@ -31,4 +31,5 @@ def resolve_env(name: str, field: str = "data.env") -> Environment:
     return ENVS[name]
 
 
-__all__ = ["ENVS", "resolve_env", "CalculatorEnv", "EnvTask", "Environment", "Episode", "FilesEnv", "StepOutcome", "Transition"]
+__all__ = ["ENVS", "CalculatorEnv", "EnvTask", "Environment", "Episode", "FilesEnv", "StepOutcome", "Transition",
+           "resolve_env"]
