@@ -80,6 +80,18 @@ def test_eval_on_a_jsonl_file_matches_brute_force_pass_at_k(tmp_path, monkeypatc
         assert result[f"pass@{k}_se"] == pytest.approx(se(per_prompt))
     assert 0 < result[f"mean@{n}"] < 1, "a hash reward on varied answers gives mixed outcomes"
 
+    # The same rows as Parquet: the same greedy answers and scores.
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    rows = [json.loads(line) for line in data.read_text().splitlines()]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "other.parquet")
+    capsys.readouterr()
+    assert main(["eval", "--run-dir", str(run), "--data", str(tmp_path / "other.parquet"), "--num-samples", "0",
+                 "--limit", "6", "--json", "data.prompt_field=question", "data.answer_field=target",
+                 f"data.reward_fn={plugin}:coin"]) == 0
+    as_parquet = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert as_parquet["accuracy"] == result["accuracy"] and as_parquet["heldout_prompts"] == 6
+
     # Without --json: the same numbers, with their standard errors, as text.
     assert main(["eval", "--run-dir", str(run), "--data", str(data), "--num-samples", str(n), "--k", "2",
                  "--limit", "6", "data.prompt_field=question", "data.answer_field=target",
