@@ -118,3 +118,25 @@ def check_run_dir(run_dir: str | os.PathLike, state: Any = None) -> None:
         if free < need:
             raise ConfigError(f"run directory {run_dir!r} has {free / 2**20:.1f} MiB free; one checkpoint of this run "
                               f"needs {need / 2**20:.1f} MiB")
+
+
+def load_params(run_dir: str | os.PathLike, params: Any, step: int | None = None) -> int:
+    """Overwrite ``params`` (an ``nnx.State`` of the run's model) in place with the parameters of checkpoint
+    ``step`` (default: the latest) of ``run_dir``, read without rebuilding the optimizer or allocator.
+    Returns the step."""
+    from flax import nnx
+
+    ckpt = RunCheckpointer(run_dir)
+    try:
+        state, meta = ckpt.restore_saved(step)
+    finally:
+        ckpt.close()
+
+    def unwrap(tree):
+        # Orbax stores each nnx Variable as {"value": array}; nnx's pure dicts hold the arrays.
+        if isinstance(tree, dict):
+            return unwrap(tree["value"]) if set(tree) == {"value"} else {k: unwrap(v) for k, v in tree.items()}
+        return tree
+
+    nnx.replace_by_pure_dict(params, unwrap(state["params"]))
+    return int(meta["step"])

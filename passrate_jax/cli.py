@@ -27,11 +27,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="passrate-jax", description=__doc__.splitlines()[0])
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _info_subparser(subparsers)
-    from passrate_jax import commands, generate_cli, plot, study, train
+    from passrate_jax import commands, export, generate_cli, plot, study, train
     from passrate_jax.allocation import simulate
     train.add_subparser(subparsers)
     commands.add_subparsers(subparsers)
     generate_cli.add_subparser(subparsers)
+    export.add_subparser(subparsers)
     simulate.add_subparser(subparsers)
     plot.add_subparser(subparsers)
     study.add_subparser(subparsers)

@@ -27,7 +27,8 @@ class RolloutBackend(Protocol):
     A round: ``contexts`` (where each request's rollouts start; None where a start cannot be rebuilt,
     e.g. an environment replay that fails its determinism check: the request is not observed) ->
     ``generate`` (each context's rollouts, in sample order) -> ``score`` (per-rollout columns of the step
-    table, see :class:`RolloutTable`) -> ``record`` (keep the trajectories). After the step, ``batch``
+    table, see :class:`RolloutTable`) -> ``record`` (keep the trajectories, with what of their scores the
+    update needs). After the step, ``batch``
     builds the update's padded arrays of the trained groups and ``metrics`` adds the backend's own
     counters. ``retain`` / ``to_json`` / ``load_json``: the trajectories a checkpoint keeps.
     ``warm_start`` / ``evaluate``: the kind's supervised warm start and held-out evaluation.
@@ -39,7 +40,7 @@ class RolloutBackend(Protocol):
 
     def score(self, requests: Sequence[Request], rollouts: Sequence[list]) -> dict[str, np.ndarray]: ...
 
-    def record(self, requests: Sequence[Request], rollouts: Sequence[list]) -> None: ...
+    def record(self, requests: Sequence[Request], rollouts: Sequence[list], scores: dict[str, np.ndarray]) -> None: ...
 
     def batch(self, groups: Sequence[TrainGroup], rows: int) -> dict[str, np.ndarray]: ...
 
@@ -60,8 +61,9 @@ class RolloutTable:
     """Every rollout of one step, one row each in generation order: the one record of the step's outcomes.
 
     Columns (numpy, by ``table[name]``): ``group_key``, ``index`` (the rollout's index in its group),
-    ``observed``, ``reward`` (0/1), ``truncated``, ``verifier_error`` (the verifier raised on this
-    answer: reward 0), and the backend's own (environments: ``turns``, ``action_errors``). The rows of an
+    ``observed``, ``reward`` (0/1: the success the allocator sees), ``truncated``, ``verifier_error``
+    (the verifier raised on this answer: reward 0), and the backend's own (text answers: ``score``, the
+    reward as scored, e.g. a reward plugin's float; environments: ``turns``, ``action_errors``). The rows of an
     unobserved request (nothing was generated) have ``observed`` False and 0 in every other column.
     """
 
@@ -116,7 +118,7 @@ def collect_rollouts(allocator: Allocator, state: AllocatorState, backend: Rollo
         live = [r for r, seen in zip(requests, observed) if seen]
         rollouts = backend.generate([c for c in contexts if c is not None], params, seed)
         scores = backend.score(live, rollouts)
-        backend.record(live, rollouts)
+        backend.record(live, rollouts, scores)
         run.observe(table.add(requests, observed, scores))
     result, new_state = run.finish()
     if unobserved := table.unobserved_groups():

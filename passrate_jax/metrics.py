@@ -1,4 +1,5 @@
-"""Metrics sinks: one JSON object per step in ``metrics.jsonl`` and TensorBoard event files.
+"""Metrics sinks: one JSON object per step in ``metrics.jsonl``, TensorBoard event files, and trackers
+such as Weights & Biases (``passrate_jax/trackers.py``), which receive the same records.
 
 Values are converted to plain Python numbers on the host; non-finite floats are written as JSON
 ``null`` (JSON has no NaN) and skipped in TensorBoard.
@@ -14,6 +15,8 @@ from typing import Any
 import numpy as np
 from etils import epath
 
+from passrate_jax.runfiles import is_remote, read_jsonl  # noqa: F401 - read_jsonl is public here too
+
 
 def to_python(value: Any) -> Any:
     """Arrays and numpy scalars -> Python numbers / lists, recursively; NaN and inf -> None."""
@@ -27,16 +30,6 @@ def to_python(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
-
-
-def is_remote(path: str | os.PathLike) -> bool:
-    """A URL such as ``gs://bucket/run`` (read and written through etils.epath) rather than a local path."""
-    return "://" in os.fspath(path)
-
-
-def read_jsonl(path: str | os.PathLike) -> list[dict]:
-    """All records of a metrics file (a local path or a ``gs://`` URL), in order."""
-    return [json.loads(line) for line in epath.Path(path).read_text().splitlines() if line.strip()]
 
 
 def _complete_records(text: str) -> list[dict]:
@@ -70,7 +63,7 @@ class MetricsWriter:
     directory has no append: the file is rewritten whole at every step (a few KB per step)."""
 
     def __init__(self, run_dir: str | os.PathLike, tensorboard: bool = True, truncate_after: int | None = None,
-                 enabled: bool = True):
+                 enabled: bool = True, trackers=None):
         self.enabled = enabled  # False on every host but the first of a multi-process run: one writer
         self._tb = None
         if not enabled:
@@ -88,6 +81,8 @@ class MetricsWriter:
         if tensorboard:
             from tensorboardX import SummaryWriter
             self._tb = SummaryWriter(os.path.join(os.fspath(run_dir), "tensorboard"))
+        # A callable run_dir -> trackers, called only on the writing host (so one W&B run per run).
+        self._trackers = list(trackers(run_dir)) if trackers is not None else []
 
     def write(self, record: dict) -> None:
         """Write one step's record; it must hold ``step``."""
@@ -106,6 +101,18 @@ class MetricsWriter:
             for key, value in flatten(record):
                 if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
                     self._tb.add_scalar(key, value, step)
+        for tracker in self._trackers:
+            tracker.log(record)
+
+    @classmethod
+    def for_run(cls, cfg, run_dir: str | os.PathLike, *, truncate_after: int | None = None,
+                enabled: bool = True) -> MetricsWriter:
+        """The writer a run's config asks for (``cfg.logging``: TensorBoard, W&B with the config attached)."""
+        from passrate_jax.configlib import to_dict
+        from passrate_jax.trackers import make_trackers
+
+        return cls(run_dir, tensorboard=cfg.logging.tensorboard, truncate_after=truncate_after, enabled=enabled,
+                   trackers=lambda d: make_trackers(cfg.logging, os.fspath(d), to_dict(cfg)))
 
     def close(self) -> None:
         if not self.enabled:
@@ -114,6 +121,8 @@ class MetricsWriter:
             self._file.close()
         if self._tb is not None:
             self._tb.close()
+        for tracker in self._trackers:
+            tracker.close()
 
 
 def flatten(record: dict, prefix: str = "", sep: str = "/"):

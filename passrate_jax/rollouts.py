@@ -79,33 +79,37 @@ class Completion(NamedTuple):
 
 @dataclasses.dataclass
 class TextGroup:
-    """One group's trajectories: the prompt index, the replayed prefix (empty for a fresh group) and
-    each rollout's generated ids, by rollout index within the group. (Rewards are the allocator's:
-    ``TrainGroup.rewards``, and this step's in the loop's table.)"""
+    """One group's trajectories: the prompt index, the replayed prefix (empty for a fresh group) and,
+    by rollout index within the group, each rollout's generated ids and its reward as scored (what the
+    update trains on; the allocator's success bits are ``TrainGroup.rewards``). A trained group may hold
+    rollouts of earlier steps (Pilot-Commit), so the scored rewards live here, with the trajectories,
+    not only in a step's table."""
     prompt: int
     prefix: list[int]
     completions: dict[int, list[int]] = dataclasses.field(default_factory=dict)
+    rewards: dict[int, float] = dataclasses.field(default_factory=dict)
 
 
 class TextRollouts:
     """The text backend. ``prompt_ids(i)``: prompt i's token ids (with BOS); ``decode``: ids -> text;
     ``verify(prompt_indices, texts)``: one reward per answer; ``max_new_tokens``: an answer's budget
-    (prefix included); ``newline_id``: where a Prefix Sampling cut may snap to."""
+    (prefix included); ``newline_id``: where a Prefix Sampling cut may snap to; ``success_threshold``:
+    a reward at or above it is a success for the allocator (``data.reward_threshold``)."""
 
     def __init__(self, sampler: Sampler, prompt_ids: Callable[[int], Sequence[int]], *,
                  decode: Callable[[list[int]], str], verify: Callable[[list[int], list[str]], np.ndarray],
                  max_new_tokens: int, pad_id: int, newline_id: int | None = None,
-                 width_buckets: Sequence[int] = WIDTH_BUCKETS):
+                 success_threshold: float = 0.5, width_buckets: Sequence[int] = WIDTH_BUCKETS):
         self.sampler, self.prompt_ids, self.decode, self.verify = sampler, prompt_ids, decode, verify
         self.max_new_tokens, self.pad_id, self.newline_id = max_new_tokens, pad_id, newline_id
-        self.width_buckets = tuple(width_buckets)
+        self.success_threshold, self.width_buckets = float(success_threshold), tuple(width_buckets)
         self.groups: dict[int, TextGroup] = {}
 
     @classmethod
     def for_session(cls, session) -> TextRollouts:
         return cls(session.sampler, session.prompt_ids, decode=session.decode, verify=session.verify,
                    max_new_tokens=session.cfg.sampling.max_new_tokens, pad_id=session.tokenizer.pad_id,
-                   newline_id=session.newline_id)
+                   newline_id=session.newline_id, success_threshold=session.cfg.data.reward_threshold)
 
     # ------------------------------------------------------------------ a round
     def contexts(self, requests: Sequence[Request]) -> list[Context]:
@@ -134,36 +138,45 @@ class TextRollouts:
         return [[Completion(out.completion(r), bool(out.stopped[r])) for r in mine] for mine in rows]
 
     def score(self, requests: Sequence[Request], rollouts: Sequence[list[Completion]]) -> dict[str, np.ndarray]:
-        """The round's answers decoded (replayed prefix included) and verified in one call; rewards
-        binarised at 0.5."""
+        """The round's answers decoded (replayed prefix included) and verified in one call: ``score``, the
+        reward as scored (a reward plugin's float as is), and ``reward``, the allocator's success bit
+        (score >= ``success_threshold``)."""
         prompts, texts = [], []
         for req, answers in zip(requests, rollouts):
             prefix = self.groups[req.group_key].prefix
             prompts += [req.prompt_id] * len(answers)
             texts += [self.decode(prefix + a.ids) for a in answers]
-        rewards, errors = score_each(self.verify, prompts, texts)
-        return {"reward": (rewards >= 0.5).astype(np.int64), "verifier_error": errors,
+        scores, errors = score_each(self.verify, prompts, texts)
+        return {"reward": (scores >= self.success_threshold).astype(np.int64), "score": scores,
+                "verifier_error": errors,
                 "truncated": np.array([not a.stopped for answers in rollouts for a in answers], bool)}
 
-    def record(self, requests: Sequence[Request], rollouts: Sequence[list[Completion]]) -> None:
+    def record(self, requests: Sequence[Request], rollouts: Sequence[list[Completion]],
+               scores: dict[str, np.ndarray]) -> None:
+        """Keep each answer's ids and its scored reward (the update trains on it, possibly in a later step)."""
+        pos = 0
         for req, answers in zip(requests, rollouts):
             g = self.groups[req.group_key]
             for j, a in enumerate(answers):
                 g.completions[req.first_index + j] = list(a.ids)
+                g.rewards[req.first_index + j] = float(scores["score"][pos])
+                pos += 1
 
     # ------------------------------------------------------------------ after the rounds
     def batch(self, groups: Sequence[TrainGroup], rows: int) -> dict[str, np.ndarray]:
         """Rows of every trained group's rollouts, right-padded to ``rows`` x a width bucket (see
-        :func:`pack_rows`): loss mask on the generated ids only."""
+        :func:`pack_rows`): loss mask on the generated ids only, rewards as scored."""
         seqs, masks, rewards, gids = [], [], [], []
         for gi, tg in enumerate(groups):
             g = self.groups[tg.group_key]
             context = list(self.prompt_ids(g.prompt)) + g.prefix
-            for i, reward in enumerate(tg.rewards):
+            for i, success in enumerate(tg.rewards):
                 comp = g.completions[i]
                 seqs.append(context + comp)
                 masks.append([0] * len(context) + [1] * len(comp))
-                rewards.append(float(reward))
+                # The scored reward, not the allocator's success bit (a checkpoint from before scores
+                # were kept has only the bit).
+                rewards.append(g.rewards.get(i, float(success)))
                 gids.append(gi)
         return pack_rows(seqs, masks, rewards, gids, num_groups=len(groups), rows=rows,
                          width_buckets=self.width_buckets, pad_id=self.pad_id)
@@ -183,12 +196,14 @@ class TextRollouts:
 
     def to_json(self) -> dict:
         return {str(k): {"prompt": g.prompt, "prefix": g.prefix,
-                         "completions": {str(i): c for i, c in g.completions.items()}} for k, g in self.groups.items()}
+                         "completions": {str(i): c for i, c in g.completions.items()},
+                         "rewards": {str(i): r for i, r in g.rewards.items()}} for k, g in self.groups.items()}
 
     def load_json(self, data: dict) -> None:
-        """Inverse of :meth:`to_json` (a checkpoint's ``rewards`` from before they were dropped are ignored)."""
+        """Inverse of :meth:`to_json`."""
         self.groups = {int(k): TextGroup(prompt=v["prompt"], prefix=list(v["prefix"]),
-                                         completions={int(i): list(c) for i, c in v["completions"].items()})
+                                         completions={int(i): list(c) for i, c in v["completions"].items()},
+                                         rewards={int(i): float(r) for i, r in v.get("rewards", {}).items()})
                        for k, v in data.items()}
 
     # ------------------------------------------------------------------ the kind's other jobs
@@ -205,7 +220,7 @@ class TextRollouts:
         from passrate_jax.evaluate import EvalPrompt, evaluate
 
         def verifier(record):
-            return lambda text: float(session.score([record], [text])[0])
+            return lambda text: float(session.score([record], [text])[0] >= self.success_threshold)
         prompts = [EvalPrompt(ids, verifier(r), int(r.metadata.get("level", 0)))
                    for r, ids in zip(session.heldout, session.heldout_tokens)]
         if not prompts:

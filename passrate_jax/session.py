@@ -15,7 +15,8 @@ from passrate_jax.config import Config
 from passrate_jax.configlib import ConfigError
 from passrate_jax.data.formatting import PromptFormat
 from passrate_jax.data.rewards import Rewarder
-from passrate_jax.data.sources import PromptRecord, make_source
+from passrate_jax.data.configured import make_source
+from passrate_jax.data.sources import PromptRecord
 from passrate_jax.envs.rollouts import EnvRollouts
 from passrate_jax.loop import RolloutBackend
 from passrate_jax.model import create_model

@@ -197,14 +197,15 @@ class Checkpoints:
 
 
 class Reporter:
-    """Where a run's records go: ``metrics.jsonl`` and TensorBoard (:class:`MetricsWriter`, primary host
-    only; records past the checkpoint a run resumes from are dropped) and the progress bar."""
+    """Where a run's records go: ``metrics.jsonl``, TensorBoard and W&B as configured
+    (:class:`MetricsWriter.for_run`, primary host only; records past the checkpoint a run resumes from
+    are dropped) and the progress bar."""
 
     def __init__(self, cfg: Config, run_dir: str, start: int | None, *, primary: bool, progress: bool):
         # A start without a checkpoint (start None) drops every record of an attempt killed before
         # its first checkpoint; a resume drops the records past the checkpoint it resumes from.
-        self.writer = MetricsWriter(run_dir, tensorboard=cfg.logging.tensorboard,
-                                    truncate_after=-1 if start is None else start, enabled=primary)
+        self.writer = MetricsWriter.for_run(cfg, run_dir, truncate_after=-1 if start is None else start,
+                                            enabled=primary)
         self.bar = None
         if progress and cfg.logging.progress_bar and primary:
             from tqdm import tqdm

@@ -28,6 +28,7 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import time
+import traceback
 from collections.abc import Callable, Iterable, Sequence
 
 log = logging.getLogger(__name__)
@@ -64,13 +65,16 @@ class WarningCounter:
         return {f"{prefix}{k}": self.counts[k] for k in sorted(kinds)}
 
 
-def _worker(conn, preload: tuple[str, ...]) -> None:
-    """A worker process: import ``preload``, say ready, then run ``(fn, args)`` calls until told to stop.
+def _worker(conn, preload: tuple[str, ...], setup: tuple | None = None) -> None:
+    """A worker process: import ``preload``, run ``setup`` (``(fn, args)``, e.g. import a reward plugin),
+    say ready, then run ``(fn, args)`` calls until told to stop.
 
-    Exceptions travel back as text: an exception object from arbitrary code may not pickle.
+    Exceptions travel back as text with their traceback: an exception object from arbitrary code may not pickle.
     """
     for name in preload:
         importlib.import_module(name)
+    if setup is not None:
+        setup[0](*setup[1])
     conn.send(("ready", os.getpid()))
     while True:
         message = conn.recv()
@@ -80,7 +84,7 @@ def _worker(conn, preload: tuple[str, ...]) -> None:
         try:
             reply = (True, fn(*args))
         except BaseException as e:  # noqa: BLE001 - any failure of verified code is a 0 reward, not a crash
-            reply = (False, f"{type(e).__name__}: {e}")
+            reply = (False, f"{type(e).__name__}: {e}", traceback.format_exc())
         try:
             conn.send(reply)
         except Exception as e:  # an unpicklable return value
@@ -90,9 +94,9 @@ def _worker(conn, preload: tuple[str, ...]) -> None:
 class _Slot:
     """One worker process and the call it is running: (index, deadline), or None when idle."""
 
-    def __init__(self, ctx, preload: tuple[str, ...]) -> None:
+    def __init__(self, ctx, preload: tuple[str, ...], setup: tuple | None = None) -> None:
         self.conn, child = ctx.Pipe()
-        self.process = ctx.Process(target=_worker, args=(child, preload), daemon=True)
+        self.process = ctx.Process(target=_worker, args=(child, preload, setup), daemon=True)
         self.process.start()
         child.close()
         self.ready = False
@@ -111,11 +115,12 @@ class VerifierPool:
     Workers start on the first :meth:`map` (so a pool no call needs costs nothing) and stay up between
     calls. A call is handed to an idle, started worker only, so its deadline (hand-over + ``timeout_s``)
     bounds its own run time, never a wait in a queue or a worker's start-up imports. A call past its
-    deadline has its worker killed and replaced; the other workers keep going.
+    deadline has its worker killed and replaced; the other workers keep going. ``setup = (fn, args)`` runs
+    in each worker at start-up, after the ``preload`` imports (importing a reward plugin, say).
     """
 
     def __init__(self, workers: int = 2, timeout_s: float = 5.0, counter: WarningCounter | None = None,
-                 preload: Sequence[str] = ()) -> None:
+                 preload: Sequence[str] = (), setup: tuple | None = None) -> None:
         if workers < 1:
             raise ValueError(f"workers = {workers}: must be >= 1")
         if not timeout_s > 0:
@@ -124,6 +129,8 @@ class VerifierPool:
         self.timeout_s = float(timeout_s)
         self.counter = counter if counter is not None else WarningCounter()
         self._preload = tuple(preload)
+        self._setup = setup
+        self._traceback_logged = False
         self._ctx = multiprocessing.get_context("spawn")
         self._slots: list[_Slot] = []
         # Seconds from hand-over to result or kill of each call of the last map (NaN: never handed over).
@@ -138,7 +145,7 @@ class VerifierPool:
         self.call_seconds = [math.nan] * len(calls)
         todo = collections.deque(range(len(calls)))
         while len(self._slots) < self.workers:
-            self._slots.append(_Slot(self._ctx, self._preload))
+            self._slots.append(_Slot(self._ctx, self._preload, self._setup))
         while todo or any(s.call for s in self._slots):
             now = time.monotonic()
             for k, slot in enumerate(self._slots):
@@ -198,12 +205,15 @@ class VerifierPool:
     def _replace(self, k: int) -> None:
         """Kill worker ``k`` (with whatever call it was running) and start a fresh one in its place."""
         self._slots[k].kill()
-        self._slots[k] = _Slot(self._ctx, self._preload)
+        self._slots[k] = _Slot(self._ctx, self._preload, self._setup)
         self.counter.warn("restart", "a verifier worker was killed and replaced")
 
-    def _reward(self, fn, args, ok: bool, value) -> float:
+    def _reward(self, fn, args, ok: bool, value, trace: str = "") -> float:
         if not ok:
             self.counter.warn("error", f"{_name(fn)}{_short(args)} raised {value}")
+            if trace and not self._traceback_logged:  # the first in full, once: enough to find the bug
+                self._traceback_logged = True
+                log.warning("first verifier error of this pool (later ones are counted only):\n%s", trace)
             return 0.0
         try:
             reward = float(value)

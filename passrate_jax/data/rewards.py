@@ -14,6 +14,9 @@ Verifiers (``DataConfig.verifier``):
 - ``math``: numeric or exact first (in process, cheap), then math-verify's symbolic equivalence in a
   :class:`VerifierPool` with a per-call timeout; answers math-verify cannot decide in any timeout (deep
   nesting, integers of more than ``MAX_DIGITS`` digits, see :func:`too_complex`) score 0 without it.
+- a reward plugin (``DataConfig.reward_fn``, ``"path/to/file.py:function"``): the user's
+  ``fn(prompt, response, reference, **fields)`` run in the :class:`VerifierPool` with the same per-answer
+  timeout; its bool or float is the reward as is (see ``passrate_jax.plugins``).
 Nothing is ever ``eval``ed; on any failure the reward is 0.
 """
 
@@ -31,6 +34,7 @@ from passrate_jax.data.formatting import extract_answer
 from passrate_jax.data.math_verify_pool import MAX_ANSWER_CHARS, VerifierPool, WarningCounter, math_equal
 from passrate_jax.data.sources import PromptRecord, builtin_problem
 from passrate_jax.data.tasks import TASKS
+from passrate_jax.plugins import call_reward, load_reward_fn, preload_reward
 
 VerifierKind = Literal["task", "exact", "numeric", "math"]
 # Numbers longer than this are not parsed: Fraction of a 10,000-digit string is slow and no reference
@@ -152,34 +156,44 @@ def numeric_match(prediction: str | None, reference: str, rel_tol: float = 1e-6)
 
 
 class Rewarder:
-    """Scores responses to prompt records with one verifier and answer-extraction mode.
+    """Scores responses to prompt records with one verifier and answer-extraction mode, or with the
+    reward plugin ``reward_fn`` (which then replaces both).
 
     ``math`` verification runs in a lazily started :class:`VerifierPool`; call :meth:`close` (or use it
     as a context manager) to stop its workers. :meth:`metrics` reports the pool's counted failures.
     """
 
     def __init__(self, verifier: VerifierKind = "math", extract: str = "boxed", *, timeout_s: float = 5.0,
-                 workers: int = 2, counter: WarningCounter | None = None) -> None:
+                 workers: int = 2, counter: WarningCounter | None = None, reward_fn: str = "") -> None:
         if verifier not in ("task", "exact", "numeric", "math"):
             raise ValueError(f"verifier = {verifier!r}: must be one of task, exact, numeric, math")
         self.verifier = verifier
+        self.reward_fn = reward_fn
         self.extract = extract
         self.timeout_s = float(timeout_s)
         self.counter = counter if counter is not None else WarningCounter()
         self._pool = None
-        if verifier == "math":
+        if reward_fn:
+            load_reward_fn(reward_fn)  # a wrong spec or signature fails here, not in a worker
+            self._pool = VerifierPool(workers, timeout_s, self.counter, setup=(preload_reward, (reward_fn,)))
+        elif verifier == "math":
             self._pool = VerifierPool(workers, timeout_s, self.counter, preload=("math_verify",))
 
     @classmethod
     def from_config(cls, cfg) -> Rewarder:
         """From a :class:`passrate_jax.config.DataConfig`, with ``verifier: auto`` resolved."""
         return cls(cfg.resolved_verifier, cfg.answer_extract, timeout_s=cfg.verify_timeout_s,
-                   workers=cfg.verify_workers)
+                   workers=cfg.verify_workers, reward_fn=cfg.reward_fn)
 
     def __call__(self, records: Sequence[PromptRecord], responses: Sequence[str]) -> np.ndarray:
-        """Rewards float32 [len(records)], each 0.0 or 1.0; never raises on bad model output."""
+        """Rewards float32 [len(records)]: 0.0 or 1.0, or a plugin's value (0.0 where it raised, timed
+        out or returned a non-finite number); never raises on bad model output."""
         if len(records) != len(responses):
             raise ValueError(f"{len(records)} records but {len(responses)} responses")
+        if self.reward_fn:
+            calls = [(self.reward_fn, r.prompt, text, r.answer, dict(r.metadata))
+                     for r, text in zip(records, responses)]
+            return np.asarray(self._pool.map(call_reward, calls), np.float32)
         if self.verifier == "task":
             return np.asarray([TASKS[r.metadata["task"]].verify(builtin_problem(r), text)
                                for r, text in zip(records, responses)], np.float32)

@@ -13,7 +13,7 @@ import dataclasses
 import numpy as np
 
 from passrate_jax.data.sources import PromptRecord, PromptSource
-from passrate_jax.envs import ENVS
+from passrate_jax.envs import resolve_env
 from passrate_jax.envs.base import Environment, EnvTask, Episode
 from passrate_jax.envs.episodes import Start, run_episodes
 from passrate_jax.envs.replay import Turn, TurnCodec, trajectory_tokens
@@ -33,10 +33,10 @@ def env_source(name: str, *, seed: int = 0, level: int | None = None, train_size
     """Environment ``name``'s tasks as a prompt source: like the built-in tasks, an endless train stream
     or with ``train_size`` > 0 a fixed pool; held-out: the first K tasks of the held-out split."""
     def get(i: int) -> PromptRecord:
-        return task_record(ENVS[name].sample(seed, "train", i, level, max_level))
+        return task_record(resolve_env(name).sample(seed, "train", i, level, max_level))
 
     def heldout(k: int) -> list[PromptRecord]:
-        return [task_record(ENVS[name].sample(seed, "heldout", i, level, max_level)) for i in range(k)]
+        return [task_record(resolve_env(name).sample(seed, "heldout", i, level, max_level)) for i in range(k)]
 
     return PromptSource(f"env:{name}", get, train_size or None, heldout, seed=seed, shuffle=shuffle,
                         default_heldout=default_heldout)
@@ -81,15 +81,26 @@ def warm_start(session, progress: bool = True) -> dict:
     """The session's supervised warm start on its environment's expert trajectories (cached)."""
     from passrate_jax.sft import run_warm_start
 
-    env, data = ENVS[session.cfg.data.env], session.cfg.data
-    key = dict(env=data.env, level=data.level, max_turns=data.max_turns, template=data.template, data_seed=data.seed)
+    env = resolve_env(session.cfg.data.env)
     return run_warm_start(session.cfg, session.model, session.tokenizer, progress=progress, log=session.log,
-                          batches=lambda step: expert_batch(env, session.cfg, step, session.tokenizer), key=key)
+                          batches=lambda step: expert_batch(env, session.cfg, step, session.tokenizer),
+                          key=warm_start_key(session.cfg))
+
+
+def warm_start_key(cfg) -> dict:
+    """What besides the model and warm-start settings determines an environment's expert batches: the
+    cache key's ``extra`` (``passrate_jax.sft.cache_key``). A plugin environment enters by its file
+    content, so editing its code re-runs the warm start; a built-in one by its name."""
+    from passrate_jax.plugins import fingerprint
+
+    data = cfg.data
+    return dict(env=fingerprint(data.env), level=data.level, max_turns=data.max_turns, template=data.template,
+                data_seed=data.seed)
 
 
 def limits(session) -> tuple[int, int, int]:
     """(turn limit, tokens per turn, context length limit) of a session."""
-    env = ENVS[session.cfg.data.env]
+    env = resolve_env(session.cfg.data.env)
     return (session.cfg.data.max_turns or env.max_turns, session.cfg.sampling.max_new_tokens,
             session.sampler.model_cfg.max_position_embeddings)
 
@@ -100,7 +111,7 @@ def evaluate(session, params, *, seed: int = 0, num_samples: int = 0, ks=(1,), b
     ``passrate_jax.evaluate.evaluate``."""
     from passrate_jax.evaluate import summarise
 
-    env, codec = ENVS[session.cfg.data.env], TurnCodec(session.tokenizer)
+    env, codec = resolve_env(session.cfg.data.env), TurnCodec(session.tokenizer)
     max_turns, turn_tokens, max_len = limits(session)
     tasks = [task_of(r) for r in session.heldout]
     if not tasks:

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from passrate_jax.allocation import Request, TrainGroup
-from passrate_jax.envs import ENVS
+from passrate_jax.envs import resolve_env
 from passrate_jax.envs import data as env_data
 from passrate_jax.envs.base import Environment, EnvTask
 from passrate_jax.envs.episodes import Rollout, Start, run_episodes
@@ -55,8 +55,8 @@ class EnvRollouts:
         """The backend of a session's training pool."""
         tasks = [env_data.task_of(r) for r in session.prompts]
         max_turns, turn_tokens, max_len = env_data.limits(session)
-        return cls(ENVS[session.cfg.data.env], tasks.__getitem__, session.prompt_ids, TurnCodec(session.tokenizer),
-                   session.sampler, max_turns=max_turns, max_len=max_len, turn_tokens=turn_tokens,
+        return cls(resolve_env(session.cfg.data.env), tasks.__getitem__, session.prompt_ids,
+                   TurnCodec(session.tokenizer), session.sampler, max_turns=max_turns, max_len=max_len, turn_tokens=turn_tokens,
                    pad_id=session.tokenizer.pad_id)
 
     # ------------------------------------------------------------------ a round
@@ -100,7 +100,9 @@ class EnvRollouts:
                 "turns": np.array([r.episode.turns + (r.ended == "quit") for r in flat], np.int64),
                 "action_errors": np.array([sum(t.error for t in r.turns) for r in flat], np.int64)}
 
-    def record(self, requests: Sequence[Request], rollouts: Sequence[list[Rollout]]) -> None:
+    def record(self, requests: Sequence[Request], rollouts: Sequence[list[Rollout]],
+               scores: dict[str, np.ndarray] | None = None) -> None:
+        """Keep each episode's turns (its reward is the success bit the allocator holds: ``TrainGroup.rewards``)."""
         for req, rs in zip(requests, rollouts):
             g = self.groups[req.group_key]
             for j, r in enumerate(rs):

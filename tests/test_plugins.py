@@ -1,0 +1,136 @@
+"""Reward plugins (``data.reward_fn``): trained with on a JSONL source, isolated per answer in the verifier
+pool, and rejected before any compute when they cannot be loaded."""
+
+import json
+import os
+import textwrap
+
+import numpy as np
+import pytest
+
+from passrate_jax import train as train_module
+from passrate_jax.cli import main
+from passrate_jax.config import load_config
+from passrate_jax.configlib import ConfigError
+from passrate_jax.data.rewards import Rewarder
+from passrate_jax.data.sources import PromptRecord
+from passrate_jax.metrics import read_jsonl
+
+TINY = ["model.hidden_size=32", "model.intermediate_size=64", "model.num_layers=1", "model.num_heads=2",
+        "model.num_kv_heads=1", "model.max_position_embeddings=128", "warm_start.enabled=false",
+        "data.eval_size=4", "sampling.max_new_tokens=12", "sampling.row_buckets=[32]",
+        "sampling.prefill_row_buckets=[16]", "sampling.context_buckets=[16]", "sampling.generation_buckets=[16]",
+        "allocation.num_prompts=2", "allocation.group_size=4", "logging.tensorboard=false",
+        "logging.progress_bar=false", "eval_every=2", "checkpoint.async_save=false", "data.verify_workers=1"]
+
+PLUGIN = '''
+import time
+
+def score(prompt, response, reference, **fields):
+    """Quarter-point rewards from the response length; checks it is handed the row's other fields."""
+    if fields["tag"] != "t" + reference:
+        raise AssertionError(f"fields {fields}")
+    return (len(response) % 4) / 4
+
+def moody(prompt, response, reference, **_):
+    if response == "boom":
+        raise ZeroDivisionError("the plugin's own bug")
+    if response == "stall":
+        time.sleep(60)
+    return response == reference
+
+def two_args(prompt, response):
+    return 1.0
+'''
+
+
+@pytest.fixture
+def plugin(tmp_path):
+    path = tmp_path / "my_rewards.py"
+    path.write_text(textwrap.dedent(PLUGIN))
+    return str(path)
+
+
+def write_prompts(path, n=8):
+    with open(path, "w") as f:
+        for i in range(n):
+            f.write(json.dumps({"prompt": f"{i}+{i}=", "answer": str(2 * i), "tag": f"t{2 * i}"}) + "\n")
+    return str(path)
+
+
+def test_plugin_reward_trains_two_steps_on_jsonl_with_float_rewards_as_advantages(tmp_path, plugin, monkeypatch):
+    data = write_prompts(tmp_path / "train.jsonl")
+    cfg = load_config(None, TINY + ["steps=2", "data.source=jsonl", f"data.path={data}", f"data.eval_path={data}",
+                                    f"data.reward_fn={plugin}:score"])
+    seen = []
+    real = train_module.make_train_batch
+
+    def spy(tokens, attention_mask, loss_mask, rewards, *args, **kwargs):
+        seen.append(np.asarray(rewards)[np.asarray(loss_mask).sum(1) > 0])
+        return real(tokens, attention_mask, loss_mask, rewards, *args, **kwargs)
+
+    monkeypatch.setattr(train_module, "make_train_batch", spy)
+    train_module.train(cfg, str(tmp_path / "run"), progress=False, log=lambda *a: None)
+    records = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert [r["step"] for r in records] == [0, 1, 2]
+    assert records[-1]["verifier/verify/error"] == 0 and records[-1]["verifier/verify/timeout"] == 0
+    rewards = np.concatenate(seen)
+    assert seen and set(rewards.tolist()) <= {0.0, 0.25, 0.5, 0.75}
+    assert {0.25, 0.75} & set(rewards.tolist()), "fractional rewards reach the update as they are"
+
+
+def test_a_raising_or_stalling_plugin_costs_that_answer_only(plugin, caplog):
+    records = [PromptRecord(i, "q", "4") for i in range(4)]
+    with Rewarder(reward_fn=f"{plugin}:moody", timeout_s=2.0, workers=1) as rewarder:
+        rewards = rewarder(records, ["4", "boom", "stall", "4"])
+        assert rewards.tolist() == [1.0, 0.0, 0.0, 1.0]
+        counts = rewarder.metrics()
+        assert counts["verify/error"] == 1 and counts["verify/timeout"] == 1
+        assert rewarder(records[:2], ["boom", "4"]).tolist() == [0.0, 1.0]  # the pool carries on
+        assert rewarder.metrics()["verify/error"] == 2
+    tracebacks = [r.getMessage() for r in caplog.records if "Traceback" in r.getMessage()]
+    assert len(tracebacks) == 1 and "ZeroDivisionError: the plugin's own bug" in tracebacks[0]
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("{dir}/missing.py:score", "missing.py"),
+    ("{plugin}:nothing", "defines no 'nothing'"),
+    ("{plugin}:two_args", "must accept (prompt, response, reference, **fields)"),
+    ("no_such_package.rewards:score", "cannot import module 'no_such_package.rewards'"),
+])
+def test_an_unloadable_plugin_fails_before_compute_naming_it(tmp_path, plugin, capsys, spec, message):
+    spec = spec.format(dir=tmp_path, plugin=plugin)
+    data = write_prompts(tmp_path / "train.jsonl")
+    run_dir = tmp_path / "run"
+    assert main(["train", "--run-dir", str(run_dir), "data.source=jsonl", f"data.path={data}",
+                 f"data.reward_fn={spec}"]) == 2
+    err = capsys.readouterr().err
+    assert f"data.reward_fn = {spec!r}" in err and message in err
+    assert not os.path.exists(run_dir)
+
+
+def test_plugin_replaces_the_verifier_and_is_not_for_environments(plugin):
+    with pytest.raises(ConfigError, match="give one"):
+        load_config(None, [f"data.reward_fn={plugin}:score", "data.verifier=exact"])
+    with pytest.raises(ConfigError, match="not used with source env"):
+        load_config(None, [f"data.reward_fn={plugin}:score", "data.source=env"])
+
+
+EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "examples")
+
+
+def test_readme_example_reward_scores_final_answers_and_format():
+    from passrate_jax.plugins import load_reward_fn
+    reward = load_reward_fn(os.path.join(EXAMPLES, "reward_fn.py") + ":reward")
+    assert reward("2+2=", "2+2\n=> 4", "4") == 1.0
+    assert reward("q", "so the answer is 1,234.", "1234") == 1.0
+    assert reward("2+2=", "=> 5", "4") == 0.1
+    assert reward("2+2=", "four", "4") == 0.0
+
+
+def test_readme_shows_the_example_plugins_as_they_are_tested():
+    """The README's "your own task" code blocks are the example files the tests run, verbatim."""
+    readme = open(os.path.join(EXAMPLES, "..", "README.md")).read()
+    for name in ("reward_fn.py", "guess_env.py"):
+        source = open(os.path.join(EXAMPLES, name)).read()
+        assert f"```python\n# examples/{name}\n{source}```" in readme, name
