@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from passrate_jax.allocation import Allocator, Result, state_from_dict, state_to_dict
-from passrate_jax.allocation.config import AllocationConfig, PrefixSamplingConfig
+from passrate_jax.allocation.config import AllocationConfig, PrefixSamplingConfig, SaraConfig
 from passrate_jax.allocation.simulate import SimulatorConfig, main, simulate
 
 B, N, P = 4, 8, 48
@@ -63,7 +63,7 @@ def test_every_composition(method, selection, ps):
 
 
 def test_sara_abandons_unanimous_prompts_after_two_probes_and_respects_budget():
-    allocator = make("sara")
+    allocator = make("sara", sara=SaraConfig(mode="fixed_budget"))
     (res,), _, seen = drive(allocator, allocator.init(jax.random.PRNGKey(0)), 1, np.zeros(P))
     # New prompts open only while the budget can still complete them to N, so the last N - 4
     # rollouts of the B * N budget stay unspent.

@@ -30,7 +30,8 @@ class SelectionState:
     alpha, beta: float32 [P], decayed Beta posterior of the success rate (MoPPS form).
     counts: float32 [P, 3, 3], Dirichlet transition counts from state i (row) to state j (column)
       over (all-wrong, mixed, all-correct).
-    last: float32 [P, 3], belief over the state at the prompt's last observation (uniform if unseen).
+    last: float32 [P, 3], belief over the prompt's state at the last step: the observed state if it was
+      observed then, else the belief propagated one transition per step since (uniform if never seen).
     """
     alpha: jax.Array
     beta: jax.Array
@@ -66,11 +67,17 @@ def observed_state(n, s, group_size, prior_a, prior_b):
 @functools.partial(jax.jit, static_argnames=("cfg", "group_size"))
 def selection_update(state: SelectionState, prompt_ids, n, s, mask, cfg: SelectionConfig,
                      group_size: int) -> SelectionState:
-    """Fold one step's outcomes into the models of ``prompt_ids`` (int [K], unique where ``mask``).
+    """One step of both models: fold this step's outcomes of ``prompt_ids`` (int [K], unique where
+    ``mask``) in, and move every other prompt's DPS model on by one step. Call it once per step.
 
-    MoPPS: alpha <- lam alpha + (1-lam) alpha0 + s; beta <- lam beta + (1-lam) beta0 + (n - s).
-    DPS: counts <- lam counts + (1-lam) alpha0 + outer(last, q); last <- q, with q the observed state.
-    Entries with ``mask`` False (padding) or n = 0 leave the state unchanged.
+    MoPPS (observed prompts only): alpha <- lam alpha + (1-lam) alpha0 + s; beta <- lam beta +
+    (1-lam) beta0 + (n - s).
+    DPS, as in the released code (maoyixiu/DPS, recipe/dps/task_sampler.py), for every prompt with
+    T = counts row-normalised (T[i, j] = P(next state j | state i)):
+      observed with state belief q: counts <- lam counts + (1-lam) alpha0 + W, W[i, j] proportional to
+        last[i] T[i, j] q[j] and summing to 1 (the posterior over the transition just seen); last <- q.
+      unobserved: counts <- lam counts + (1-lam) alpha0; last <- last T (the belief moves one step).
+    Entries with ``mask`` False (padding) or n = 0 count as unobserved.
     """
     n = jnp.asarray(n, jnp.int32)
     s = jnp.asarray(s, jnp.int32)
@@ -81,14 +88,16 @@ def selection_update(state: SelectionState, prompt_ids, n, s, mask, cfg: Selecti
     lam = cfg.mopps_lambda
     new_a = lam * a + (1 - lam) * cfg.mopps_alpha0 + s
     new_b = lam * b + (1 - lam) * cfg.mopps_beta0 + (n - s)
+    trans = state.counts / state.counts.sum(-1, keepdims=True)
+    decayed = cfg.dps_lambda * state.counts + (1 - cfg.dps_lambda) * cfg.dps_alpha0
+    propagated = jnp.einsum("pi,pij->pj", state.last, trans)
     q = observed_state(n, s, group_size, a, b)
-    prev = state.last[prompt_ids]
-    new_counts = (cfg.dps_lambda * state.counts[prompt_ids] + (1 - cfg.dps_lambda) * cfg.dps_alpha0
-                  + prev[:, :, None] * q[:, None, :])
+    joint = state.last[prompt_ids][:, :, None] * trans[prompt_ids] * q[:, None, :]
+    soft = joint / jnp.maximum(joint.sum((1, 2), keepdims=True), 1e-30)
     return SelectionState(alpha=state.alpha.at[ids].set(new_a, mode="drop"),
                           beta=state.beta.at[ids].set(new_b, mode="drop"),
-                          counts=state.counts.at[ids].set(new_counts, mode="drop"),
-                          last=state.last.at[ids].set(q, mode="drop"))
+                          counts=decayed.at[ids].add(soft, mode="drop"),
+                          last=propagated.at[ids].set(q, mode="drop"))
 
 
 def dps_mixed_probability(state: SelectionState, prompt_ids):
