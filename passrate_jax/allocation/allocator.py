@@ -50,7 +50,7 @@ class Allocator:
         """Rollouts a step may spend: ``cfg.budget``, else B * N for uniform and fixed-budget SARA,
         DS's worst case (gen_batch_multiple * max_gen_batches * B * N) for SARA fill (DESIGN 2.2),
         unbounded for DS and Pilot-Commit, which their round limits bound."""
-        budget = self.setup.budget
+        budget = int(self.knobs.budget)
         return float("inf") if budget >= UNBOUNDED else budget
 
     def init(self, key) -> AllocatorState:

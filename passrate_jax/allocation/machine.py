@@ -31,21 +31,19 @@ def begin_step(setup: Setup, knobs: Knobs, state):
     rng, step_rng = jax.random.split(state.key)
     state = state.replace(key=rng)
     t = table_init(setup.capacity, setup.N, setup.num_buckets, state.next_group_key, state.evicted, step_rng)
-    if setup.cfg.method == "ds" and setup.cfg.ds.keep_surplus:
-        q = state.surplus
-        t, q, _, ok = take_rows(t, q, setup.B, q.stamp.astype(jnp.float32), CONFIRMED, lambda n: 0 * n,
-                                carried=True)
-        state = state.replace(surplus=q)
-        t = _complete(setup, t, pending(t) & t.carried)
-    return state, t
+    q = state.surplus  # empty unless the method is ideal DS
+    k = jnp.where(knobs.keep_surplus, setup.B, 0)
+    t, q, _, _ = take_rows(t, q, k, q.stamp.astype(jnp.float32), CONFIRMED, lambda n: 0 * n, carried=True)
+    t = _complete(setup, t, pending(t) & t.carried)
+    return state.replace(surplus=q), t
 
 
 def plan_round(setup: Setup, knobs: Knobs, state, t: StepTable):
     """Plan the next round: PS re-rollout groups in round 0, then the policy's requests. Sets ``done``
     when there is nothing to request (B groups trained, round limit, budget, no prompts left)."""
     go = ~t.done & (t.trained < setup.B) & (t.rounds < setup.policy.max_rounds(setup))
-    if setup.ps.enabled:
-        state, t = _open_replays(setup, state, t, jnp.where(go & (t.rounds == 0), setup.replay_slots, 0))
+    state, t = _open_replays(setup, knobs, state, t,
+                             jnp.where(knobs.ps_on & go & (t.rounds == 0), setup.replay_slots, 0))
     planned_state, planned = setup.policy.plan(setup, knobs, state, t)
     state, t = jax.tree.map(lambda a, b: jnp.where(go, a, b), (planned_state, planned), (state, t))
     chunk = jnp.where(go & pending(t), t.chunk, 0)
@@ -54,9 +52,9 @@ def plan_round(setup: Setup, knobs: Knobs, state, t: StepTable):
                             done=t.done | (asked == 0))
 
 
-def _open_replays(setup: Setup, state, t: StepTable, k):
+def _open_replays(setup: Setup, knobs: Knobs, state, t: StepTable, k):
     """Open up to ``k`` re-rollout groups from last step's skewed groups, in random order."""
-    k = jnp.minimum(k, afford(budget_left(setup, t), setup.N))
+    k = jnp.minimum(k, afford(budget_left(knobs, t), setup.N))
     q = state.replay_queue
     t, use = split_rng(t)
     prio = jax.random.uniform(use, (q.capacity,))
@@ -126,14 +124,13 @@ def finish_step(setup: Setup, knobs: Knobs, state, t: StepTable):
                                  jnp.concatenate([seen, expired]), setup.cfg.selection, setup.N)
     replay_queue, _ = queue_expire(state.replay_queue, now, 0)
     surplus, _ = queue_expire(state.surplus, now, 0)
-    control = state.prefix_control
-    if setup.ps.enabled:
-        control = prefix_control_update(control, t.replay_successes, t.replay_rollouts, setup.ps, knobs.gains)
-        t, use = split_rng(t)
-        sources = (t.status == TRAINED) & (t.bucket < 0) & (t.n == setup.N)
-        eligible, bucket, src = plan_replays(use, t.rewards.astype(jnp.int32), setup.ps)
-        replay_queue = queue_push(replay_queue, t.prompt, t.key, t.n, s, t.rewards, bucket, src, now,
-                                  sources & eligible)
+    control = prefix_control_update(state.prefix_control, t.replay_successes, t.replay_rollouts, setup.ps,
+                                    knobs.gains)
+    control = jax.tree.map(lambda new, old: jnp.where(knobs.ps_on, new, old), control, state.prefix_control)
+    t, use = split_rng(t)
+    sources = knobs.ps_on & (t.status == TRAINED) & (t.bucket < 0) & (t.n == setup.N)
+    eligible, bucket, src = plan_replays(use, t.rewards.astype(jnp.int32), setup.ps)
+    replay_queue = queue_push(replay_queue, t.prompt, t.key, t.n, s, t.rewards, bucket, src, now, sources & eligible)
     state = state.replace(step=now + 1, next_group_key=t.key_base + t.capacity, evicted=t.evicted,
                           selection=selection, pilot_buffer=buf, replay_queue=replay_queue, surplus=surplus,
                           prefix_control=control)

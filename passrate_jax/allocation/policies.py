@@ -21,6 +21,7 @@ from passrate_jax.allocation.config import AllocationConfig, PrefixSamplingConfi
 from passrate_jax.allocation.group_queue import pilot_priority, queue_push
 from passrate_jax.allocation.prefix_control import ControllerGains, controller_gains, num_buckets
 from passrate_jax.allocation.sara import ABANDON, CONFIRM, sara_rule
+from passrate_jax.allocation.selection import METHODS
 from passrate_jax.allocation.table import (ABANDONED, ACTIVE, BUFFERED, CONFIRMED, DROPPED, StepTable, afford,
                                            open_fresh, pending, successes, take_rows)
 
@@ -33,26 +34,41 @@ class Knobs:
 
     tau_confirm, tau_abandon: SARA thresholds, float32 scalars. schedule: SARA probe sizes, int32 [L].
     gains: the Prefix Sampling controller's target, deadzone, step and EMA decay.
+    The composition's switches are knobs too, so compositions that share a policy share one compile:
+    selection: int32, index into ``selection.METHODS``; ps_on: bool, Prefix Sampling on; budget: int32,
+    rollouts a step may request (SARA's fill and fixed-budget modes differ only here); keep_surplus:
+    bool, ideal DS.
     """
     tau_confirm: jax.Array
     tau_abandon: jax.Array
     schedule: jax.Array
     gains: ControllerGains
+    selection: jax.Array
+    ps_on: jax.Array
+    budget: jax.Array
+    keep_surplus: jax.Array
 
 
 def knobs_from_config(cfg: AllocationConfig, ps: PrefixSamplingConfig) -> Knobs:
     """The knobs the configs set."""
+    policy = POLICIES[cfg.method]
+    budget = cfg.budget if cfg.budget is not None else policy.default_budget(cfg)
     return Knobs(tau_confirm=jnp.float32(cfg.sara.tau_confirm), tau_abandon=jnp.float32(cfg.sara.tau_abandon),
-                 schedule=jnp.asarray(cfg.sara.round_schedule, jnp.int32), gains=controller_gains(ps))
+                 schedule=jnp.asarray(cfg.sara.round_schedule, jnp.int32), gains=controller_gains(ps),
+                 selection=jnp.int32(METHODS.index(cfg.selection.method)), ps_on=jnp.asarray(ps.enabled),
+                 budget=jnp.int32(min(budget, UNBOUNDED)), keep_surplus=jnp.asarray(cfg.ds.keep_surplus))
 
 
 @dataclasses.dataclass(frozen=True)
 class Setup:
-    """Static description of one composition: configs, dataset size, the method's policy."""
+    """Static description of a family of compositions: the method's policy, its configs with the
+    fields that :class:`Knobs` carry normalised away (selection method, PS on/off, SARA mode, ideal DS,
+    budget: never read them here), the dataset size, and the largest budget a member may have."""
     cfg: AllocationConfig
     ps: PrefixSamplingConfig
     num_prompts: int
     policy: Policy
+    max_budget: int
 
     @property
     def B(self) -> int:  # noqa: N802
@@ -64,17 +80,12 @@ class Setup:
 
     @property
     def replay_slots(self) -> int:
-        """Re-rollout groups a step may open (0 without Prefix Sampling)."""
-        return int(self.ps.max_replay_share * self.B) if self.ps.enabled else 0
+        """Re-rollout groups a step may open when Prefix Sampling is on."""
+        return int(self.ps.max_replay_share * self.B)
 
     @property
     def num_buckets(self) -> int:
         return num_buckets(self.N)
-
-    @property
-    def budget(self) -> int:
-        """Rollouts a step may request: ``cfg.budget`` if set, else the method's own bound."""
-        return self.cfg.budget if self.cfg.budget is not None else self.policy.default_budget(self)
 
     @property
     def capacity(self) -> int:
@@ -88,16 +99,16 @@ class Policy(Protocol):
     [G]) and rows that just completed (``completed``). Both are pure; the machine jits them."""
     trains_saturated: bool
 
-    def default_budget(self, setup: Setup) -> int: ...
+    def default_budget(self, cfg: AllocationConfig) -> int: ...
     def capacity(self, setup: Setup) -> int: ...
     def max_rounds(self, setup: Setup) -> int: ...
     def plan(self, setup: Setup, knobs: Knobs, state, t: StepTable) -> tuple: ...
     def decide(self, setup: Setup, knobs: Knobs, state, t: StepTable, fresh, completed) -> tuple: ...
 
 
-def budget_left(setup: Setup, t: StepTable):
+def budget_left(knobs: Knobs, t: StepTable):
     """Rollouts still free this step after what is already spent and requested."""
-    return setup.budget - t.spent - jnp.sum(t.chunk)
+    return knobs.budget - t.spent - jnp.sum(t.chunk)
 
 
 def slots(setup: Setup, t: StepTable):
@@ -114,8 +125,8 @@ class Uniform:
     """GRPO: B fresh prompts, N rollouts each, every group trained (saturated ones too)."""
     trains_saturated: bool = True
 
-    def default_budget(self, setup):
-        return setup.B * setup.N
+    def default_budget(self, cfg):
+        return cfg.num_prompts * cfg.group_size
 
     def capacity(self, setup):
         return setup.B
@@ -124,8 +135,8 @@ class Uniform:
         return 1
 
     def plan(self, setup, knobs, state, t):
-        k = jnp.minimum(slots(setup, t), afford(budget_left(setup, t), setup.N))
-        return state, open_fresh(t, state.selection, state.pilot_buffer, setup.cfg, k, setup.B, CONFIRMED, setup.N)
+        k = jnp.minimum(slots(setup, t), afford(budget_left(knobs, t), setup.N))
+        return state, open_fresh(t, state.selection, state.pilot_buffer, setup.cfg, knobs.selection, k, setup.B, CONFIRMED, setup.N)
 
     decide = staticmethod(_no_decision)
 
@@ -136,7 +147,7 @@ class DynamicSampling:
     With ``keep_surplus`` (ideal DS) valid groups beyond B wait in the surplus queue for the next step."""
     trains_saturated: bool = False
 
-    def default_budget(self, setup):
+    def default_budget(self, cfg):
         return UNBOUNDED
 
     def capacity(self, setup):
@@ -149,14 +160,12 @@ class DynamicSampling:
     def plan(self, setup, knobs, state, t):
         # DAPO's reference code draws a full generation batch whatever is still missing.
         width = setup.cfg.ds.gen_batch_multiple * setup.B
-        k = jnp.minimum(width, afford(budget_left(setup, t), setup.N))
-        return state, open_fresh(t, state.selection, state.pilot_buffer, setup.cfg, k, width, CONFIRMED, setup.N)
+        k = jnp.minimum(width, afford(budget_left(knobs, t), setup.N))
+        return state, open_fresh(t, state.selection, state.pilot_buffer, setup.cfg, knobs.selection, k, width, CONFIRMED, setup.N)
 
     def decide(self, setup, knobs, state, t, fresh, completed):
-        if not setup.cfg.ds.keep_surplus:
-            return state, t
         s = successes(t)
-        extra = completed & (t.status == DROPPED) & (s > 0) & (s < t.n)
+        extra = knobs.keep_surplus & completed & (t.status == DROPPED) & (s > 0) & (s < t.n)
         zero = jnp.zeros_like(t.n)
         surplus = queue_push(state.surplus, t.prompt, t.key, t.n, s, t.rewards, zero, zero, state.step, extra)
         return state.replace(surplus=surplus), t
@@ -170,16 +179,16 @@ class Sara:
     Either way a prompt is opened only while the budget can still complete it and every pending group."""
     trains_saturated: bool = False
 
-    def default_budget(self, setup):
-        if setup.cfg.sara.mode == "fixed_budget":
-            return setup.B * setup.N
-        ds = setup.cfg.ds
-        return ds.gen_batch_multiple * ds.max_gen_batches * setup.B * setup.N
+    def default_budget(self, cfg):
+        full = cfg.num_prompts * cfg.group_size
+        if cfg.sara.mode == "fixed_budget":
+            return full
+        return cfg.ds.gen_batch_multiple * cfg.ds.max_gen_batches * full
 
     def capacity(self, setup):
         first = max(min(setup.cfg.sara.round_schedule[0], setup.N), 1)
         by_rounds = setup.B * setup.cfg.sara.max_rounds
-        return min(setup.num_prompts, setup.budget // first, by_rounds)
+        return min(setup.num_prompts, setup.max_budget // first, by_rounds)
 
     def max_rounds(self, setup):
         return setup.cfg.sara.max_rounds
@@ -187,9 +196,9 @@ class Sara:
     def plan(self, setup, knobs, state, t):
         own = pending(t) & (t.bucket < 0)
         future = jnp.sum(jnp.where(own, setup.N - t.n - t.chunk, 0))
-        k = jnp.minimum(slots(setup, t), afford(budget_left(setup, t) - future, setup.N))
+        k = jnp.minimum(slots(setup, t), afford(budget_left(knobs, t) - future, setup.N))
         first = jnp.clip(knobs.schedule[0], 1, setup.N)
-        return state, open_fresh(t, state.selection, state.pilot_buffer, setup.cfg, k, setup.B, ACTIVE, first)
+        return state, open_fresh(t, state.selection, state.pilot_buffer, setup.cfg, knobs.selection, k, setup.B, ACTIVE, first)
 
     def decide(self, setup, knobs, state, t, fresh, completed):
         rows = fresh & (t.status == ACTIVE)
@@ -207,7 +216,7 @@ class PilotCommit:
     pass-rate band in a buffer, commit the best buffered pilots (n_c = N - n_p more rollouts)."""
     trains_saturated: bool = False
 
-    def default_budget(self, setup):
+    def default_budget(self, cfg):
         return UNBOUNDED
 
     def capacity(self, setup):
@@ -222,11 +231,11 @@ class PilotCommit:
         n_p = pc.pilot_size(pcfg, n)
         want = slots(setup, t)
         buf = state.pilot_buffer
-        k_commit = jnp.minimum(want, afford(budget_left(setup, t), n - n_p))
+        k_commit = jnp.minimum(want, afford(budget_left(knobs, t), n - n_p))
         t, buf, _, ok = take_rows(t, buf, k_commit, pilot_priority(buf), CONFIRMED, lambda held: n - held)
         shortfall = want - jnp.sum(ok).astype(jnp.int32)
-        k_pilot = jnp.minimum(pcfg.pilot_pool_ratio * shortfall, afford(budget_left(setup, t), n_p))
-        t = open_fresh(t, state.selection, buf, setup.cfg, k_pilot, pcfg.pilot_pool_ratio * setup.B, ACTIVE, n_p,
+        k_pilot = jnp.minimum(pcfg.pilot_pool_ratio * shortfall, afford(budget_left(knobs, t), n_p))
+        t = open_fresh(t, state.selection, buf, setup.cfg, knobs.selection, k_pilot, pcfg.pilot_pool_ratio * setup.B, ACTIVE, n_p,
                        pilot=True)
         return state.replace(pilot_buffer=buf), t
 
@@ -248,5 +257,13 @@ POLICIES: dict[str, Policy] = {"uniform": Uniform(), "ds": DynamicSampling(), "s
 
 
 def make_setup(cfg: AllocationConfig, ps: PrefixSamplingConfig, num_prompts: int) -> Setup:
-    """The static setup of a composition; the method's policy is chosen here, once."""
-    return Setup(cfg=cfg, ps=ps, num_prompts=num_prompts, policy=POLICIES[cfg.method])
+    """The static setup of a composition; the method's policy is chosen here, once. Compositions that
+    differ only in what :class:`Knobs` carry get equal setups (so jit compiles them once)."""
+    policy = POLICIES[cfg.method]
+    widest = dataclasses.replace(cfg, sara=dataclasses.replace(cfg.sara, mode="fill"))
+    max_budget = cfg.budget if cfg.budget is not None else policy.default_budget(widest)
+    static = dataclasses.replace(cfg, budget=None, selection=dataclasses.replace(cfg.selection, method="none"),
+                                 sara=dataclasses.replace(cfg.sara, mode="fill"),
+                                 ds=dataclasses.replace(cfg.ds, keep_surplus=False))
+    return Setup(cfg=static, ps=dataclasses.replace(ps, enabled=False), num_prompts=num_prompts, policy=policy,
+                 max_budget=min(max_budget, UNBOUNDED))

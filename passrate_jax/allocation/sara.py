@@ -43,7 +43,7 @@ def sara_decide(n, s, probes_done, prior_a, prior_b, cfg: SaraConfig, group_size
 def sara_rule(n, s, probes_done, prior_a, prior_b, tau_confirm, tau_abandon, schedule, group_size: int):
     """:func:`sara_decide` with traced thresholds (float scalars) and ``schedule`` (int32 [L], L static),
     so a sweep can ``jax.vmap`` over them. Not jitted: call it inside a jitted function."""
-    p_valid = validity_probability(n, s, group_size, prior_a, prior_b)
+    p_valid = validity_probability(n, s, group_size, prior_a, prior_b, max_run=group_size)
     action = jnp.where(p_valid >= tau_confirm, CONFIRM,
                        jnp.where(p_valid <= tau_abandon, ABANDON, CONTINUE)).astype(jnp.int32)
     remaining = jnp.maximum(group_size - n, 0)

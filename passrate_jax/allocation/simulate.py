@@ -21,7 +21,9 @@ baseline every method starts from.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import dataclasses
+import functools
 import json
 import sys
 import time
@@ -174,29 +176,55 @@ def _seed_inputs(sim: SimulatorConfig, allocator: Allocator):
     logit0 = jnp.asarray(np.log(p0) - np.log1p(-p0), jnp.float32)
     keys = jnp.stack([jax.random.PRNGKey(10_000 + s) for s in seeds])
     states = jax.tree.map(lambda *xs: jnp.stack(xs), *[allocator.init(jax.random.PRNGKey(s)) for s in seeds])
-    return p0, logit0, keys, states
+    return logit0, keys, states
+
+
+@functools.lru_cache(maxsize=None)
+def _runner(setup, world: World, grid_axes: int):
+    """The jitted run over seeds (and ``grid_axes`` leading knob axes); one per setup, so compositions
+    that differ only in their knobs share it (and its compile)."""
+    run = jax.vmap(simulation(setup, world), in_axes=(None, 0, 0, 0))
+    for _ in range(grid_axes):
+        run = jax.vmap(run, in_axes=(0, None, None, None))
+    return jax.jit(run)
+
+
+def prepare(name: str, sim: SimulatorConfig, alloc: AllocationConfig, ps: PrefixSamplingConfig,
+            knobs: Knobs | None = None):
+    """(jitted run, its arguments) for method ``name``; ``knobs`` (optional, with leading grid axes)
+    replaces the configs' thresholds and gains: a sweep."""
+    cfg, pcfg = method_configs(name, alloc, ps)
+    allocator = Allocator(cfg, pcfg, sim.num_prompts)
+    grid_axes = 0 if knobs is None else jnp.ndim(knobs.tau_confirm)
+    run = _runner(allocator.setup, World(sim.steps, sim.drift, sim.ps_response_power), grid_axes)
+    return run, (allocator.knobs if knobs is None else knobs, *_seed_inputs(sim, allocator))
 
 
 def run_method(name: str, sim: SimulatorConfig, alloc: AllocationConfig, ps: PrefixSamplingConfig,
                knobs: Knobs | None = None) -> dict:
-    """Per-step metrics of method ``name`` for every seed (numpy, leading axes [seeds, T]). ``knobs``
-    (optional, with leading grid axes) replaces the configs' thresholds and gains: a sweep."""
-    cfg, pcfg = method_configs(name, alloc, ps)
-    allocator = Allocator(cfg, pcfg, sim.num_prompts)
-    _, logit0, keys, states = _seed_inputs(sim, allocator)
-    run = jax.vmap(simulation(allocator.setup, World(sim.steps, sim.drift, sim.ps_response_power)),
-                   in_axes=(None, 0, 0, 0))
-    if knobs is None:
-        knobs = allocator.knobs
-    else:
-        for _ in range(jnp.ndim(knobs.tau_confirm)):
-            run = jax.vmap(run, in_axes=(0, None, None, None))
-    return jax.device_get(jax.jit(run)(knobs, logit0, keys, states))
+    """Per-step metrics of method ``name`` for every seed (numpy, leading axes [grid..., seeds, T])."""
+    run, args = prepare(name, sim, alloc, ps, knobs)
+    return jax.device_get(run(*args))
+
+
+def sweep_knobs(base: Knobs, **grids) -> Knobs:
+    """``base`` broadcast over a grid: each keyword (a Knobs field, or ``gains_<field>``) maps to an
+    array whose shape is the grid's (all the same shape); the other knobs keep their base value."""
+    shape = np.shape(next(iter(grids.values())))
+    gains = {k[len("gains_"):]: v for k, v in grids.items() if k.startswith("gains_")}
+    plain = {k: v for k, v in grids.items() if not k.startswith("gains_")}
+
+    def grow(x):
+        x = jnp.asarray(x)
+        return jnp.broadcast_to(x, shape + x.shape)
+    knobs = jax.tree.map(grow, base)
+    knobs = knobs.replace(**{k: jnp.asarray(v, getattr(base, k).dtype) for k, v in plain.items()})
+    return knobs.replace(gains=knobs.gains.replace(**{k: jnp.asarray(v, jnp.float32) for k, v in gains.items()}))
 
 
 def sweep(name: str, sim: SimulatorConfig, alloc: AllocationConfig, ps: PrefixSamplingConfig, knobs: Knobs):
     """Rollouts per valid group and valid groups per step of method ``name`` for every setting of a
-    grid of ``knobs`` (arrays with leading grid axes, e.g. [10, 10]): (rpv, vgps), each [grid..., seeds]."""
+    grid of ``knobs`` (see :func:`sweep_knobs`): (rpv, vgps), each [grid..., seeds]."""
     m = run_method(name, sim, alloc, ps, knobs)
     valid = m["valid"].sum(-1)
     return m["spent"].sum(-1) / np.maximum(valid, 1), valid / sim.steps
@@ -247,14 +275,20 @@ def simulate(sim: SimulatorConfig, alloc: AllocationConfig, ps: PrefixSamplingCo
     if progress:
         from tqdm import tqdm
         bar = tqdm(total=len(sim.methods), desc="simulate", unit="method", file=sys.stderr)
-    methods = {}
-    for name in sim.methods:
-        if bar is not None:
-            bar.set_postfix_str(name)
-        m = run_method(name, sim, alloc, ps)
-        methods[name] = summarise(m, sim, alloc.group_size, "ps" in name.split("+"))
-        if bar is not None:
-            bar.update(1)
+    jobs = {name: prepare(name, sim, alloc, ps) for name in sim.methods}
+    # Compile each distinct runner once (compositions that differ only in knobs share one), then run
+    # every method; XLA compiles and runs without the GIL, so two threads use both cores.
+    runners = {id(run): (run, args) for run, args in jobs.values()}
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        compiled = dict(zip(runners, pool.map(lambda ra: ra[0].lower(*ra[1]).compile(), runners.values())))
+
+        def one(name):
+            run, args = jobs[name]
+            out = summarise(jax.device_get(compiled[id(run)](*args)), sim, alloc.group_size, "ps" in name.split("+"))
+            if bar is not None:
+                bar.update(1)
+            return out
+        methods = dict(zip(sim.methods, pool.map(one, sim.methods)))
     if bar is not None:
         bar.close()
     n = alloc.group_size
@@ -272,15 +306,15 @@ def simulate(sim: SimulatorConfig, alloc: AllocationConfig, ps: PrefixSamplingCo
 
 def format_table(report: dict) -> str:
     """A plain-text table of the headline metrics (mean +- sd over seeds), one row per method."""
-    head = (f"{'method':<22}{'rollouts/valid':>16}{'x DS':>6}{'useful':>14}{'valid/step':>14}"
+    head = (f"{'method':<22}{'rollouts/valid':>16}{'x DS':>7}{'useful':>16}{'valid/step':>15}"
             f"{'abandoned inf.':>15}  PS pass rate after warm-up")
     lines = [head, "-" * len(head)]
     fmt = lambda x, f: "-" if x is None else format(x, f)  # noqa: E731
     pm = lambda m, k, f: "-" if m[k] is None else f"{m[k]:{f}} +- {m[k + '_sd']:{f}}"  # noqa: E731
     for name, m in report["methods"].items():
         ps = m.get("ps", {}).get("rerollout_pass_rate_after_warmup")
-        lines.append(f"{name:<22}{pm(m, 'rollouts_per_valid_group', '.2f'):>16}{fmt(m['vs_ds'], '.2f'):>6}"
-                     f"{pm(m, 'useful_rollout_fraction', '.3f'):>14}{pm(m, 'valid_groups_per_step', '.2f'):>14}"
+        lines.append(f"{name:<22}{pm(m, 'rollouts_per_valid_group', '.2f'):>16}{fmt(m['vs_ds'], '.2f'):>7}"
+                     f"{pm(m, 'useful_rollout_fraction', '.3f'):>16}{pm(m, 'valid_groups_per_step', '.2f'):>15}"
                      f"{fmt(m['abandoned_informative_fraction'], '.3f'):>15}  "
                      + ("" if ps is None else " ".join(fmt(x, ".3f") for x in ps)))
     pop, sim = report["population"], report["config"]["sim"]

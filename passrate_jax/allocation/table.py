@@ -14,7 +14,7 @@ from flax import struct
 
 from passrate_jax.allocation.config import AllocationConfig
 from passrate_jax.allocation.group_queue import GroupQueue, queue_take
-from passrate_jax.allocation.selection import SelectionState, select_prompts, selection_prior
+from passrate_jax.allocation.selection import SelectionState, prior_by_id, select_by_id
 
 # Row status. ACTIVE: being probed (SARA) or piloted; CONFIRMED: will be completed to N; TRAINED,
 # DROPPED (complete but saturated or surplus), ABANDONED (given up partial), BUFFERED (a kept pilot
@@ -129,16 +129,17 @@ def open_rows(t: StepTable, ok, prompt, status, chunk, **fields) -> StepTable:
     return t.replace(**updates, count=t.count + opened, used=used)
 
 
-def open_fresh(t: StepTable, selection: SelectionState, pilot_buffer: GroupQueue, cfg: AllocationConfig, k,
-               k_max: int, status, chunk, **fields) -> StepTable:
-    """Open up to ``k`` (traced, <= static ``k_max``) groups on prompts the selection method chooses
-    among those not used this step, not evicted and not waiting in the pilot buffer."""
+def open_fresh(t: StepTable, selection: SelectionState, pilot_buffer: GroupQueue, cfg: AllocationConfig, method,
+               k, k_max: int, status, chunk, **fields) -> StepTable:
+    """Open up to ``k`` (traced, <= static ``k_max``) groups on prompts the selection method ``method``
+    (an index into ``selection.METHODS``, may be traced) chooses among those not used this step, not
+    evicted and not waiting in the pilot buffer."""
     buffered = pilot_buffer.prompt_id
     avail = ~t.evicted & ~t.used
     avail = avail.at[jnp.where(pilot_buffer.valid, buffered, avail.shape[0])].set(False, mode="drop")
     t, use = split_rng(t)
-    ids, ok = select_prompts(selection, use, avail, k, k_max, cfg.selection)
-    pa, pb = selection_prior(selection, ids, cfg.selection, cfg.sara.prior_a, cfg.sara.prior_b)
+    ids, ok = select_by_id(selection, use, avail, k, k_max, cfg.selection, method)
+    pa, pb = prior_by_id(selection, ids, method, cfg.sara.prior_a, cfg.sara.prior_b)
     return open_rows(t, ok, ids, status, chunk, prior_a=pa, prior_b=pb, **fields)
 
 
