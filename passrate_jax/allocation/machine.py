@@ -45,7 +45,12 @@ def plan_round(setup: Setup, knobs: Knobs, state, t: StepTable):
     state, t = _open_replays(setup, knobs, state, t,
                              jnp.where(knobs.ps_on & go & (t.rounds == 0), setup.replay_slots, 0))
     planned_state, planned = setup.policy.plan(setup, knobs, state, t)
-    state, t = jax.tree.map(lambda a, b: jnp.where(go, a, b), (planned_state, planned), (state, t))
+    # Within a step a policy changes only the queues and the table; selecting just those keeps the
+    # (large, per-prompt) selection models out of every round's copies.
+    queues = lambda st: (st.pilot_buffer, st.replay_queue, st.surplus)  # noqa: E731
+    (buf, replay, surplus), t = jax.tree.map(lambda a, b: jnp.where(go, a, b), (queues(planned_state), planned),
+                                             (queues(state), t))
+    state = state.replace(pilot_buffer=buf, replay_queue=replay, surplus=surplus)
     chunk = jnp.where(go & pending(t), t.chunk, 0)
     asked = jnp.sum(chunk).astype(jnp.int32)
     return state, t.replace(chunk=chunk, spent=t.spent + asked, rounds=t.rounds + (asked > 0),
@@ -141,13 +146,19 @@ def run_step(setup: Setup, knobs: Knobs, state, outcomes):
     """A whole step with ``outcomes(state, t) -> (rewards int [G, N], observed bool [G])`` standing in
     for the sampler and verifier (pure when ``outcomes`` is): the simulator's step."""
     state, t = begin_step(setup, knobs, state)
+    # Rounds change only the queues and the table: only they are loop-carried, the rest of the state
+    # (selection models, controllers) is a loop constant.
+    with_queues = lambda qs: state.replace(pilot_buffer=qs[0], replay_queue=qs[1], surplus=qs[2])  # noqa: E731
 
     def body(carry):
-        state, t = plan_round(setup, knobs, *carry)
-        rewards, observed = outcomes(state, t)
-        return observe_round(setup, knobs, state, t, rewards, observed)
+        queues, t = carry
+        st, t = plan_round(setup, knobs, with_queues(queues), t)
+        rewards, observed = outcomes(st, t)
+        st, t = observe_round(setup, knobs, st, t, rewards, observed)
+        return (st.pilot_buffer, st.replay_queue, st.surplus), t
 
-    state, t = jax.lax.while_loop(lambda c: ~c[1].done, body, (state, t))
-    return finish_step(setup, knobs, state, t)
+    queues, t = jax.lax.while_loop(lambda c: ~c[1].done, body,
+                                   ((state.pilot_buffer, state.replay_queue, state.surplus), t))
+    return finish_step(setup, knobs, with_queues(queues), t)
 
 
