@@ -136,7 +136,9 @@ class Uniform:
 
     def plan(self, setup, knobs, state, t):
         k = jnp.minimum(slots(setup, t), afford(budget_left(knobs, t), setup.N))
-        return state, open_fresh(t, state.selection, state.pilot_buffer, setup.cfg, knobs.selection, k, setup.B, CONFIRMED, setup.N)
+        t = open_fresh(t, state.selection, state.pilot_buffer, setup.cfg, knobs.selection, k, setup.B, CONFIRMED,
+                       setup.N)
+        return state, t
 
     decide = staticmethod(_no_decision)
 
@@ -161,7 +163,8 @@ class DynamicSampling:
         # DAPO's reference code draws a full generation batch whatever is still missing.
         width = setup.cfg.ds.gen_batch_multiple * setup.B
         k = jnp.minimum(width, afford(budget_left(knobs, t), setup.N))
-        return state, open_fresh(t, state.selection, state.pilot_buffer, setup.cfg, knobs.selection, k, width, CONFIRMED, setup.N)
+        t = open_fresh(t, state.selection, state.pilot_buffer, setup.cfg, knobs.selection, k, width, CONFIRMED, setup.N)
+        return state, t
 
     def decide(self, setup, knobs, state, t, fresh, completed):
         s = successes(t)
@@ -198,7 +201,8 @@ class Sara:
         future = jnp.sum(jnp.where(own, setup.N - t.n - t.chunk, 0))
         k = jnp.minimum(slots(setup, t), afford(budget_left(knobs, t) - future, setup.N))
         first = jnp.clip(knobs.schedule[0], 1, setup.N)
-        return state, open_fresh(t, state.selection, state.pilot_buffer, setup.cfg, knobs.selection, k, setup.B, ACTIVE, first)
+        t = open_fresh(t, state.selection, state.pilot_buffer, setup.cfg, knobs.selection, k, setup.B, ACTIVE, first)
+        return state, t
 
     def decide(self, setup, knobs, state, t, fresh, completed):
         rows = fresh & (t.status == ACTIVE)
@@ -235,8 +239,8 @@ class PilotCommit:
         t, buf, _, ok = take_rows(t, buf, k_commit, pilot_priority(buf), CONFIRMED, lambda held: n - held)
         shortfall = want - jnp.sum(ok).astype(jnp.int32)
         k_pilot = jnp.minimum(pcfg.pilot_pool_ratio * shortfall, afford(budget_left(knobs, t), n_p))
-        t = open_fresh(t, state.selection, buf, setup.cfg, knobs.selection, k_pilot, pcfg.pilot_pool_ratio * setup.B, ACTIVE, n_p,
-                       pilot=True)
+        t = open_fresh(t, state.selection, buf, setup.cfg, knobs.selection, k_pilot, pcfg.pilot_pool_ratio * setup.B,
+                       ACTIVE, n_p, pilot=True)
         return state.replace(pilot_buffer=buf), t
 
     def decide(self, setup, knobs, state, t, fresh, completed):

@@ -143,7 +143,8 @@ def _step_metrics(t, state, rates):
     valid = trained & (s > 0) & (s < t.n)
     full = trained & (t.n == n_full)
     abandoned = t.status == ABANDONED
-    return {"spent": t.spent, "trained": t.trained, "valid": jnp.sum(valid), "useful": jnp.sum(jnp.where(valid, t.n, 0)),
+    return {"spent": t.spent, "trained": t.trained, "valid": jnp.sum(valid),
+            "useful": jnp.sum(jnp.where(valid, t.n, 0)),
             "hist": jnp.sum(jax.nn.one_hot(s, n_full + 1) * full[:, None], axis=0),
             "abandoned": jnp.sum(abandoned),
             "abandoned_phi": jnp.sum(jnp.where(abandoned, survival(rates[t.prompt], n_full), 0.0)),
