@@ -14,7 +14,8 @@ from typing import Literal
 import yaml
 
 from passrate_jax.allocation.config import AllocationConfig, PrefixSamplingConfig
-from passrate_jax.configlib import ConfigError, apply_overrides, build, option, section, to_dict
+from passrate_jax.configlib import (ConfigError, apply_overrides, build, option, read_preset, section,  # noqa: F401
+                                   to_dict)
 from passrate_jax.model.config import ModelConfig
 from passrate_jax.rl.config import OptimizerConfig, RLConfig
 from passrate_jax.sampling.config import SamplingConfig
@@ -241,36 +242,6 @@ class Config:
         return (f"optimizer: warm-up + decay end at update {end} (step {-(-end // per_step)} of {self.steps}, "
                 f"{per_step} updates per step); the learning rate stays at {floor:g} after it. Warm-up and decay "
                 "count optimizer updates: scale optimizer.decay_steps by rl.ppo_epochs * rl.minibatches")
-
-
-def _merge(base: dict, over: dict) -> dict:
-    out = dict(base)
-    for k, v in over.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
-
-
-def read_preset(path: str | os.PathLike, _seen: tuple = ()) -> dict:
-    """A YAML preset as a dict. A top-level ``base: other.yaml`` (relative to this file) is loaded first
-    and this file's keys are merged over it, section by section, so presets state only what differs."""
-    path = os.path.abspath(os.fspath(path))
-    if path in _seen:
-        raise ConfigError(f"config file {path!r}: circular base chain {' -> '.join(_seen + (path,))}")
-    try:
-        with open(path) as f:
-            data = yaml.safe_load(f) or {}
-    except FileNotFoundError:
-        raise ConfigError(f"config file {path!r} does not exist") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"config file {path!r} is not valid YAML: {e}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"config file {path!r}: top level must be a mapping, got {type(data).__name__}")
-    base = data.pop("base", None)
-    if base is not None:
-        if not isinstance(base, str):
-            raise ConfigError(f"base = {base!r} in {path!r}: expected a file name")
-        data = _merge(read_preset(os.path.join(os.path.dirname(path), base), _seen + (path,)), data)
-    return data
 
 
 def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
