@@ -3,7 +3,8 @@
 from passrate_jax.model.config import ModelConfig, RopeScaling
 from passrate_jax.model.hf_io import (CheckpointFormatError, config_from_hf, config_to_hf,
                                       load_pretrained, save_pretrained)
-from passrate_jax.model.transformer import KVCache, Transformer, create_model, init_cache
+from passrate_jax.model.factory import create_model
+from passrate_jax.model.transformer import KVCache, Layout, Transformer, init_cache
 
-__all__ = ["ModelConfig", "RopeScaling", "Transformer", "KVCache", "init_cache", "create_model", "load_pretrained",
+__all__ = ["ModelConfig", "RopeScaling", "Transformer", "Layout", "KVCache", "init_cache", "create_model", "load_pretrained",
            "save_pretrained", "config_from_hf", "config_to_hf", "CheckpointFormatError"]

@@ -39,6 +39,11 @@ class ModelConfig:
     qk_norm: bool = option(False, doc="per-head RMSNorm on q and k (Qwen3)")
     dtype: Literal["float32", "bfloat16"] = option("float32", doc="compute dtype")
     param_dtype: Literal["float32", "bfloat16"] = option("float32", doc="parameter storage dtype")
+    scan_layers: bool = option(True, doc="run the layers under one lax.scan over stacked weights (compile time "
+                                         "flat in depth); false unrolls them (same weights, same results)")
+    remat: Literal["none", "full", "dots"] = option(
+        "none", doc="activation rematerialisation of each layer in the update: none keeps every activation, full "
+                    "keeps only the layer inputs, dots also keeps matmul outputs without a batch dimension")
 
     @property
     def resolved_head_dim(self) -> int:

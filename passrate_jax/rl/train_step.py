@@ -61,11 +61,12 @@ def unsplit_rows(x: jax.Array) -> jax.Array:
     return jnp.swapaxes(x, 0, 1).reshape((parts * rows,) + x.shape[2:])
 
 
-def policy_logprobs(graphdef: nnx.GraphDef, params, tokens_bt, positions_bt, attention_mask_bt):
+def policy_logprobs(graphdef: nnx.GraphDef, params, tokens_bt, positions_bt, attention_mask_bt, layout=None):
     """Per-token log-probabilities and entropies (nats, float32 [B, T], aligned with the tokens;
-    column 0 is 0) of the model ``nnx.merge(graphdef, params)``. Pure; jit it or call it inside jit."""
+    column 0 is 0) of the model ``nnx.merge(graphdef, params)``. Pure; jit it or call it inside jit.
+    ``layout``: the model's sharding constraints (e.g. :class:`passrate_jax.sharding.FsdpLayout`)."""
     model = nnx.merge(graphdef, params)
-    logits_btv = model(tokens_bt, positions_bt, attention_mask_bt)
+    logits_btv = model(tokens_bt, positions_bt, attention_mask_bt, layout=layout)
     return token_logprobs(logits_btv, tokens_bt)
 
 
@@ -100,6 +101,7 @@ def make_train_step(graphdef: nnx.GraphDef, params, cfg: RLConfig, optimizer: op
     b_shard = sharding.batch_sharding(mesh, 1)  # a prefix spec: dim 0 split, other dims replicated
     rep = sharding.replicated(mesh)
     rows_spec = ("data", "fsdp")
+    layout = sharding.FsdpLayout(mesh)  # weights gathered per layer, activations split by rows
 
     def constrain_split(tree):
         # [parts, rows, ...]: keep every part spread over all data-parallel devices.
@@ -110,7 +112,7 @@ def make_train_step(graphdef: nnx.GraphDef, params, cfg: RLConfig, optimizer: op
     reuse_forward = cfg.recompute_old_logprobs and cfg.ppo_epochs * cfg.minibatches == 1
 
     def loss_fn(p, micro: TrainBatch, num_tokens, num_rows):
-        logp, entropy = policy_logprobs(graphdef, p, micro.tokens, micro.positions, micro.attention_mask)
+        logp, entropy = policy_logprobs(graphdef, p, micro.tokens, micro.positions, micro.attention_mask, layout)
         old = jax.lax.stop_gradient(logp) if reuse_forward else micro.old_logprobs
         return grpo_loss(cfg, logp, old, micro.advantages, micro.loss_mask, ref_logp_bt=micro.ref_logprobs,
                          entropy_bt=entropy, num_tokens=num_tokens, num_sequences=num_rows)
@@ -151,7 +153,7 @@ def make_train_step(graphdef: nnx.GraphDef, params, cfg: RLConfig, optimizer: op
             parts = cfg.minibatches * cfg.grad_accum
             fields = constrain_split(jax.tree.map(lambda x: split_rows(x, parts),
                                                   (batch.tokens, batch.positions, batch.attention_mask)))
-            old = jax.lax.map(lambda f: policy_logprobs(graphdef, p, *f)[0], fields)
+            old = jax.lax.map(lambda f: policy_logprobs(graphdef, p, *f, layout)[0], fields)
             batch = batch.replace(old_logprobs=jax.lax.stop_gradient(unsplit_rows(old)))
         keys = jax.random.split(rng, cfg.ppo_epochs)
         (p, o), per_update = jax.lax.scan(lambda c, k: epoch(c, k, batch), (p, o), keys)
