@@ -21,6 +21,7 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from passrate_jax.model.config import ModelConfig, RopeScaling
+from passrate_jax.model.lora import merged_model
 from passrate_jax.model.transformer import Transformer
 
 # architecture -> model_type written back on save
@@ -251,8 +252,10 @@ def load_pretrained(directory: str | os.PathLike, dtype=None, mesh: jax.sharding
 def save_pretrained(model: Transformer, directory: str | os.PathLike) -> None:
     """Write ``config.json`` and ``model.safetensors`` that transformers' ``from_pretrained`` loads.
 
+    LoRA adapters are merged into the weights first (:func:`passrate_jax.model.lora.merged_model`).
     Parameters are gathered to host memory (fine on one host; multi-host needs a process-0 gather).
     """
+    model = merged_model(model)
     directory = os.fspath(directory)
     os.makedirs(directory, exist_ok=True)
     cfg = model.cfg

@@ -80,12 +80,35 @@ class _Init:
     per-layer modules are built once, with every weight holding all layers.
     """
 
-    def __init__(self, pending: list | None = None, prefix: tuple[int, ...] = (), prefix_axes: tuple = ()):
+    def __init__(self, pending: list | None = None, adapters: list | None = None, prefix: tuple[int, ...] = (),
+                 prefix_axes: tuple = ()):
         self.pending: list[nnx.Param] = [] if pending is None else pending
+        self.adapters: list[tuple[nnx.LoRAParam, float]] = [] if adapters is None else adapters
         self.prefix, self.prefix_axes = prefix, prefix_axes
 
     def stacked(self, layers: int) -> "_Init":
-        return _Init(self.pending, (layers,), ("layers",))
+        return _Init(self.pending, self.adapters, (layers,), ("layers",))
+
+    def adapter(self, module: nnx.Module, name: str, cfg: ModelConfig, in_dims: int) -> None:
+        """LoRA factors of weight ``module.<name>`` when ``cfg.lora`` targets it: ``<name>_lora_a``
+        [in..., r] (normal, std 1 / sqrt(fan-in)) and ``<name>_lora_b`` [r, out...] (zeros, so a fresh
+        adapter leaves the model unchanged), float32 whatever the base weights' dtype. The first
+        ``in_dims`` dims of the weight are its inputs."""
+        lora = cfg.lora
+        if not lora.rank or name not in lora.targets:
+            return
+        weight = getattr(module, name)
+        full_axes = weight.get_metadata()["out_sharding"]
+        shape, axes = weight.shape[len(self.prefix):], full_axes[len(self.prefix):]
+        dtype = np.dtype(np.float32)  # small; float32 keeps small updates from rounding away on bf16 bases
+        a_shape, a_axes = shape[:in_dims] + (lora.rank,), axes[:in_dims] + (None,)
+        a = nnx.LoRAParam(np.broadcast_to(np.zeros((), dtype), self.prefix + a_shape),
+                          out_sharding=self.prefix_axes + a_axes, eager_sharding=False)
+        self.adapters.append((a, 1.0 / math.sqrt(math.prod(shape[:in_dims]))))
+        b = nnx.LoRAParam(_const(0.0, self.prefix + (lora.rank,) + shape[in_dims:], dtype),
+                          out_sharding=self.prefix_axes + (None,) + axes[in_dims:], eager_sharding=False)
+        setattr(module, f"{name}_lora_a", a)
+        setattr(module, f"{name}_lora_b", b)
 
     def normal(self, shape, dtype, axes: tuple[str, ...]) -> nnx.Param:
         """A placeholder Param of ``shape`` with logical ``axes``, filled by :meth:`fill`."""
@@ -103,6 +126,21 @@ class _Init:
                           tuple(np.dtype(p.get_value().dtype) for p in self.pending))
         for param, value in zip(self.pending, values):
             param.set_value(value)
+        if self.adapters:  # their own draw: the base weights are the same with or without adapters
+            values = _normals(jax.random.fold_in(key, 1), tuple(tuple(a.shape) for a, _ in self.adapters),
+                              tuple(np.dtype(a.get_value().dtype) for a, _ in self.adapters))
+            for (param, std), value in zip(self.adapters, values):
+                param.set_value((value * (std / _INIT_STD)).astype(value.dtype))
+
+
+def _weight(module: nnx.Module, name: str, dtype) -> jax.Array:
+    """Weight ``name`` of ``module`` in ``dtype``, plus its LoRA update ``scale * A B`` when it has one."""
+    w = getattr(module, name)[...].astype(dtype)
+    a = getattr(module, f"{name}_lora_a", None)
+    if a is None:
+        return w
+    b = getattr(module, f"{name}_lora_b")
+    return w + module.lora_scale * jnp.tensordot(a[...].astype(dtype), b[...].astype(dtype), axes=1)
 
 
 def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:
@@ -174,19 +212,23 @@ class Attention(nnx.Module):
             self.q_norm = RMSNorm(e, cfg.rms_norm_eps, self.dtype, pdt, init)
             self.k_norm = RMSNorm(e, cfg.rms_norm_eps, self.dtype, pdt, init)
         self.attention_bias = cfg.attention_bias
+        self.lora_scale = cfg.lora.scale
+        for name in "qkv":
+            init.adapter(self, name, cfg, in_dims=1)
+        init.adapter(self, "o", cfg, in_dims=2)
         self.qk_norm = cfg.qk_norm
 
-    def _project(self, x_btd, w, bias_name):
-        y = jnp.einsum("btd,dhe->bthe", x_btd, w[...].astype(self.dtype))
+    def _project(self, x_btd, name, bias_name):
+        y = jnp.einsum("btd,dhe->bthe", x_btd, _weight(self, name, self.dtype))
         if self.attention_bias:
             y = y + getattr(self, bias_name)[...].astype(self.dtype)
         return y
 
     def __call__(self, x_btd, cos, sin, mask_bts, cache=None, layer=0, slot_bt=None):
         """Attention output [B, T, d]; with ``cache=(k, v)`` full cache arrays, also the updated arrays."""
-        q = self._project(x_btd, self.q, "q_bias")
-        k = self._project(x_btd, self.k, "k_bias")
-        v = self._project(x_btd, self.v, "v_bias")
+        q = self._project(x_btd, "q", "q_bias")
+        k = self._project(x_btd, "k", "k_bias")
+        v = self._project(x_btd, "v", "v_bias")
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = _apply_rope(q, cos, sin), _apply_rope(k, cos, sin)
@@ -200,7 +242,7 @@ class Attention(nnx.Module):
             k, v = cache_k[layer].astype(self.dtype), cache_v[layer].astype(self.dtype)
             cache = (cache_k, cache_v)
         out = _attend(q, k, v, mask_bts)
-        return jnp.einsum("bthe,hed->btd", out, self.o[...].astype(self.dtype)), cache
+        return jnp.einsum("bthe,hed->btd", out, _weight(self, "o", self.dtype)), cache
 
 
 def _attend(q_bthe, k_bske, v_bske, mask_bts):
@@ -233,11 +275,14 @@ class MLP(nnx.Module):
         self.gate = init.normal((d, f), pdt, ("embed", "mlp"))
         self.up = init.normal((d, f), pdt, ("embed", "mlp"))
         self.down = init.normal((f, d), pdt, ("mlp", "embed"))
+        self.lora_scale = cfg.lora.scale
+        for name in ("gate", "up", "down"):
+            init.adapter(self, name, cfg, in_dims=1)
 
     def __call__(self, x_btd):
-        gate = x_btd @ self.gate[...].astype(self.dtype)
-        up = x_btd @ self.up[...].astype(self.dtype)
-        return (jax.nn.silu(gate) * up) @ self.down[...].astype(self.dtype)
+        gate = x_btd @ _weight(self, "gate", self.dtype)
+        up = x_btd @ _weight(self, "up", self.dtype)
+        return (jax.nn.silu(gate) * up) @ _weight(self, "down", self.dtype)
 
 
 class Block(nnx.Module):
