@@ -18,7 +18,6 @@ building a model needs no mesh; ``passrate_jax.sharding`` maps the names to mesh
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import Protocol
 
@@ -28,11 +27,11 @@ import numpy as np
 from flax import nnx, struct
 
 from passrate_jax.model.config import ModelConfig
+from passrate_jax.model.params import Init, const, weight
 
 # Finite stand-in for -inf: a query with no visible key (a padding query) then gets a uniform softmax
 # instead of NaN, so garbage at padding positions never poisons gradients through where/sum.
 _MASK_VALUE = -1e30
-_INIT_STD = 0.02  # Hugging Face initializer_range default for these families
 
 
 @struct.dataclass
@@ -51,96 +50,6 @@ def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype=None) -> KVCach
     shape = (cfg.num_layers, batch, max_len, cfg.num_kv_heads, cfg.resolved_head_dim)
     dtype = jnp.dtype(dtype if dtype is not None else cfg.dtype)
     return KVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype))
-
-
-def _param(value: jax.Array, axes: tuple[str, ...]) -> nnx.Param:
-    # eager_sharding=False: the names are logical, only sharding.py knows the mesh they map to.
-    return nnx.Param(value, out_sharding=axes, eager_sharding=False)
-
-
-def _const(fill: float, shape, dtype) -> jax.Array:
-    # Built in numpy and transferred: an eager jnp.ones would compile one program per shape.
-    return jnp.asarray(np.full(shape, fill, np.dtype(dtype)))
-
-
-@functools.partial(jax.jit, static_argnums=(1, 2))
-def _normals(key: jax.Array, shapes: tuple, dtypes: tuple) -> list[jax.Array]:
-    sizes = [math.prod(s) for s in shapes]
-    flat = _INIT_STD * jax.random.normal(key, (sum(sizes),), jnp.float32)
-    offsets = np.cumsum([0] + sizes)
-    return [flat[o:o + n].reshape(s).astype(d) for o, n, s, d in zip(offsets, sizes, shapes, dtypes)]
-
-
-class _Init:
-    """Creates the normal-initialised weights as placeholders, then fills them all from *one* PRNG
-    draw: XLA's CPU compile time grows steeply with the number of separate random kernels (tens of
-    seconds for a two-layer model drawn weight by weight).
-
-    ``stacked(L)`` gives a view whose weights carry a leading ("layers",) axis of size ``L``: the
-    per-layer modules are built once, with every weight holding all layers.
-    """
-
-    def __init__(self, pending: list | None = None, adapters: list | None = None, prefix: tuple[int, ...] = (),
-                 prefix_axes: tuple = ()):
-        self.pending: list[nnx.Param] = [] if pending is None else pending
-        self.adapters: list[tuple[nnx.LoRAParam, float]] = [] if adapters is None else adapters
-        self.prefix, self.prefix_axes = prefix, prefix_axes
-
-    def stacked(self, layers: int) -> "_Init":
-        return _Init(self.pending, self.adapters, (layers,), ("layers",))
-
-    def adapter(self, module: nnx.Module, name: str, cfg: ModelConfig, in_dims: int) -> None:
-        """LoRA factors of weight ``module.<name>`` when ``cfg.lora`` targets it: ``<name>_lora_a``
-        [in..., r] (normal, std 1 / sqrt(fan-in)) and ``<name>_lora_b`` [r, out...] (zeros, so a fresh
-        adapter leaves the model unchanged), float32 whatever the base weights' dtype. The first
-        ``in_dims`` dims of the weight are its inputs."""
-        lora = cfg.lora
-        if not lora.rank or name not in lora.targets:
-            return
-        weight = getattr(module, name)
-        full_axes = weight.get_metadata()["out_sharding"]
-        shape, axes = weight.shape[len(self.prefix):], full_axes[len(self.prefix):]
-        dtype = np.dtype(np.float32)  # small; float32 keeps small updates from rounding away on bf16 bases
-        a_shape, a_axes = shape[:in_dims] + (lora.rank,), axes[:in_dims] + (None,)
-        a = nnx.LoRAParam(np.broadcast_to(np.zeros((), dtype), self.prefix + a_shape),
-                          out_sharding=self.prefix_axes + a_axes, eager_sharding=False)
-        self.adapters.append((a, 1.0 / math.sqrt(math.prod(shape[:in_dims]))))
-        b = nnx.LoRAParam(_const(0.0, self.prefix + (lora.rank,) + shape[in_dims:], dtype),
-                          out_sharding=self.prefix_axes + (None,) + axes[in_dims:], eager_sharding=False)
-        setattr(module, f"{name}_lora_a", a)
-        setattr(module, f"{name}_lora_b", b)
-
-    def normal(self, shape, dtype, axes: tuple[str, ...]) -> nnx.Param:
-        """A placeholder Param of ``shape`` with logical ``axes``, filled by :meth:`fill`."""
-        # A zero-stride view: no host memory even for a full-size model under nnx.eval_shape.
-        shape = self.prefix + tuple(shape)
-        param = _param(np.broadcast_to(np.zeros((), np.dtype(dtype)), shape), self.prefix_axes + axes)
-        self.pending.append(param)
-        return param
-
-    def const(self, fill: float, shape, dtype, axes: tuple[str, ...]) -> nnx.Param:
-        return _param(_const(fill, self.prefix + tuple(shape), dtype), self.prefix_axes + axes)
-
-    def fill(self, key: jax.Array) -> None:
-        values = _normals(key, tuple(tuple(p.shape) for p in self.pending),
-                          tuple(np.dtype(p.get_value().dtype) for p in self.pending))
-        for param, value in zip(self.pending, values):
-            param.set_value(value)
-        if self.adapters:  # their own draw: the base weights are the same with or without adapters
-            values = _normals(jax.random.fold_in(key, 1), tuple(tuple(a.shape) for a, _ in self.adapters),
-                              tuple(np.dtype(a.get_value().dtype) for a, _ in self.adapters))
-            for (param, std), value in zip(self.adapters, values):
-                param.set_value((value * (std / _INIT_STD)).astype(value.dtype))
-
-
-def _weight(module: nnx.Module, name: str, dtype) -> jax.Array:
-    """Weight ``name`` of ``module`` in ``dtype``, plus its LoRA update ``scale * A B`` when it has one."""
-    w = getattr(module, name)[...].astype(dtype)
-    a = getattr(module, f"{name}_lora_a", None)
-    if a is None:
-        return w
-    b = getattr(module, f"{name}_lora_b")
-    return w + module.lora_scale * jnp.tensordot(a[...].astype(dtype), b[...].astype(dtype), axes=1)
 
 
 def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:
@@ -183,7 +92,7 @@ def _apply_rope(x_bthe: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
 class RMSNorm(nnx.Module):
     """Root-mean-square norm over the last axis, statistics in float32 (as transformers computes them)."""
 
-    def __init__(self, dim: int, eps: float, dtype, param_dtype, init: _Init):
+    def __init__(self, dim: int, eps: float, dtype, param_dtype, init: Init):
         self.eps = eps
         self.dtype = dtype
         self.weight = init.const(1.0, (dim,), param_dtype, ("norm",))
@@ -197,7 +106,7 @@ class RMSNorm(nnx.Module):
 class Attention(nnx.Module):
     """Grouped-query self-attention with RoPE, optional q/k/v biases (Qwen2) and q/k RMSNorm (Qwen3)."""
 
-    def __init__(self, cfg: ModelConfig, init: _Init):
+    def __init__(self, cfg: ModelConfig, init: Init):
         d, h, k, e = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.resolved_head_dim
         pdt, self.dtype = jnp.dtype(cfg.param_dtype), jnp.dtype(cfg.dtype)
         self.q = init.normal((d, h, e), pdt, ("embed", "heads", "head_dim"))
@@ -219,7 +128,7 @@ class Attention(nnx.Module):
         self.qk_norm = cfg.qk_norm
 
     def _project(self, x_btd, name, bias_name):
-        y = jnp.einsum("btd,dhe->bthe", x_btd, _weight(self, name, self.dtype))
+        y = jnp.einsum("btd,dhe->bthe", x_btd, weight(self, name, self.dtype))
         if self.attention_bias:
             y = y + getattr(self, bias_name)[...].astype(self.dtype)
         return y
@@ -242,7 +151,7 @@ class Attention(nnx.Module):
             k, v = cache_k[layer].astype(self.dtype), cache_v[layer].astype(self.dtype)
             cache = (cache_k, cache_v)
         out = _attend(q, k, v, mask_bts)
-        return jnp.einsum("bthe,hed->btd", out, _weight(self, "o", self.dtype)), cache
+        return jnp.einsum("bthe,hed->btd", out, weight(self, "o", self.dtype)), cache
 
 
 def _attend(q_bthe, k_bske, v_bske, mask_bts):
@@ -269,7 +178,7 @@ def _attend(q_bthe, k_bske, v_bske, mask_bts):
 class MLP(nnx.Module):
     """SwiGLU feed-forward: down(silu(gate x) * up x)."""
 
-    def __init__(self, cfg: ModelConfig, init: _Init):
+    def __init__(self, cfg: ModelConfig, init: Init):
         d, f, pdt = cfg.hidden_size, cfg.intermediate_size, jnp.dtype(cfg.param_dtype)
         self.dtype = jnp.dtype(cfg.dtype)
         self.gate = init.normal((d, f), pdt, ("embed", "mlp"))
@@ -280,9 +189,9 @@ class MLP(nnx.Module):
             init.adapter(self, name, cfg, in_dims=1)
 
     def __call__(self, x_btd):
-        gate = x_btd @ _weight(self, "gate", self.dtype)
-        up = x_btd @ _weight(self, "up", self.dtype)
-        return (jax.nn.silu(gate) * up) @ _weight(self, "down", self.dtype)
+        gate = x_btd @ weight(self, "gate", self.dtype)
+        up = x_btd @ weight(self, "up", self.dtype)
+        return (jax.nn.silu(gate) * up) @ weight(self, "down", self.dtype)
 
 
 class Block(nnx.Module):
@@ -292,7 +201,7 @@ class Block(nnx.Module):
     layer's slice of them (``nnx.merge(graphdef, state_of_layer_i)``, see :func:`run_layers`).
     """
 
-    def __init__(self, cfg: ModelConfig, init: _Init):
+    def __init__(self, cfg: ModelConfig, init: Init):
         dt, pdt = jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype)
         self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dt, pdt, init)
         self.attn = Attention(cfg, init)
@@ -363,7 +272,7 @@ class Transformer(nnx.Module):
         cfg.validate()
         self.cfg = cfg
         pdt, self.dtype = jnp.dtype(cfg.param_dtype), jnp.dtype(cfg.dtype)
-        init = _Init()
+        init = Init()
         self.embed = init.normal((cfg.vocab_size, cfg.hidden_size), pdt, ("vocab", "embed"))
         self.layers = Block(cfg, init.stacked(cfg.num_layers))  # every weight [L, ...]
         self.final_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, self.dtype, pdt, init)
