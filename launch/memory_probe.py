@@ -3,6 +3,7 @@ step, the sampler's prefill and its decode loop at the preset's worst-case shape
 laid out as the preset's mesh, and print XLA's buffer assignment per device next to the analytic sizes.
 
     .venv/bin/python launch/memory_probe.py --config configs/qwen3_1p7b_tpu_v5e.yaml
+    .venv/bin/python launch/memory_probe.py --config configs/qwen3_8b_tpu_v5p8.yaml --json
 
 The model is the preset's shape with random weights (``model.pretrained`` is ignored, so no checkpoint
 is needed; the preset must spell out the checkpoint's shape, as the Qwen3 presets do). Shapes:
@@ -13,16 +14,19 @@ is needed; the preset must spell out the checkpoint's shape, as the Qwen3 preset
   of N rows whose contexts hold the prompt plus a prefix of up to ``ratio_max * max_new_tokens`` tokens,
   plus the first probes of the fresh prompts; later rounds: up to B * N rows of prompt-only contexts.
 
-XLA's CPU buffer assignment is a cross-check, not the accelerator's (it upcasts some bfloat16
-temporaries). The decode loop is not compiled: XLA CPU has no bfloat16 scatter and converts the whole
+XLA's CPU buffer assignment is a cross-check, not the accelerator's: it upcasts some bfloat16
+temporaries, and with bfloat16 weights it keeps a float32 copy of all of them (no bfloat16 dot on CPU),
+which the peak subtracts (``cpu_bf16_upcast_bytes``). The decode loop is not compiled: XLA CPU has no bfloat16 scatter and converts the whole
 KV cache to float32 and back at every step, which TPU and GPU do not; its size is computed instead
-(parameters + KV cache + float32 logits of the decode rows). Compiling the full depth of an 8B model for 16 devices takes a few minutes on
-2 CPU cores; ``--layers 2`` measures two layers and extrapolates linearly in depth.
+(parameters + KV cache + float32 logits of the decode rows). The layers run under one scan, so compiling
+the full depth costs about what one layer does; ``--layers 2`` still measures at 1 and 2 layers and
+extrapolates linearly in depth.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import sys
@@ -35,6 +39,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="longest rendered prompt, in tokens (GSM8K with the Qwen3 chat template: < 256)")
     parser.add_argument("--layers", type=int, default=0, help="measure at 1 and this many layers and "
                         "extrapolate to the model's depth (0: compile the full depth)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object (devices, "
+                        "peak_bytes_per_device, per-program and analytic bytes)")
     parser.add_argument("overrides", nargs="*", metavar="key.sub=value")
     args = parser.parse_args(argv)
 
@@ -59,8 +65,14 @@ def main(argv: list[str] | None = None) -> int:
     else:
         (l1, r1), (l2, r2) = zip(depths, results)
         at_depth = {k: r1[k] + (r2[k] - r1[k]) * (depth - l1) / (l2 - l1) for k in r1}
-        print(f"# measured at {l1} and {l2} layers, extrapolated to {depth}")
-    report(cfg, args.prompt_tokens, at_depth)
+    summary = summarize(cfg, args.prompt_tokens, at_depth)
+    summary["measured_layers"] = depths
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        if len(depths) > 1:
+            print(f"# measured at {depths[0]} and {depths[1]} layers, extrapolated to {depth}")
+        report(summary)
     return 0
 
 
@@ -128,12 +140,12 @@ def measure(cfg, layers: int, prompt_tokens: int) -> dict:
     # accumulator, activations of one micro-batch).
     opt = make_optimizer(cfg.optimizer)
     fns = make_train_step(graphdef, params, cfg.rl, opt, mesh)
-    opt_abs = jax.eval_shape(opt.init, params)
+    opt_abs = jax.eval_shape(fns.init, params)  # the adapters' state alone under LoRA
     rows, width = sh["update_rows"], sh["width"]
     i32 = sds((rows, width), jnp.int32)
     batch = TrainBatch(tokens=i32, positions=i32, attention_mask=i32, loss_mask=i32,
                        advantages=sds((rows,), jnp.float32), old_logprobs=sds((rows, width), jnp.float32))
-    m = fns.step.lower(params, opt_abs, batch, sds((2,), jnp.uint32)).compile().memory_analysis()
+    m = fns.compiled.lower(params, opt_abs, batch, sds((2,), jnp.uint32)).compile().memory_analysis()
     batch_bytes = sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(batch)) / mesh.size
     out["state"] = m.argument_size_in_bytes - batch_bytes
     out["update"] = m.argument_size_in_bytes + m.temp_size_in_bytes
@@ -145,44 +157,87 @@ def measure(cfg, layers: int, prompt_tokens: int) -> dict:
     pre_sh = core.PrefillOutput(last_logits_cv=rows2, cache=cache_sh)
     for phase in ("round0", "later"):
         c, _, t, g = sh[phase]
-        prefill = jax.jit(functools.partial(core.prefill, graphdef=graphdef, model_cfg=model_cfg, cache_len=t + g),
+        prefill = jax.jit(functools.partial(core.prefill, graphdef=graphdef, model_cfg=model_cfg, cache_len=t + g,
+                                            layout=shd.FsdpLayout(mesh)),
                           in_shardings=(ps, rows2, rows1), out_shardings=pre_sh)
         m = prefill.lower(params, sds((c, t), jnp.int32), sds((c,), jnp.int32)).compile().memory_analysis()
         out[f"{phase}_prefill"] = m.argument_size_in_bytes + m.temp_size_in_bytes + m.output_size_in_bytes
     return out
 
 
-def report(cfg, prompt_tokens: int, measured: dict) -> None:
+def summarize(cfg, prompt_tokens: int, measured: dict) -> dict:
+    """Per-device bytes: XLA's buffer assignment of each compiled program, the analytic sizes next to it,
+    and the peak over the step's programs."""
     from passrate_jax.info import parameter_count
     mc = cfg.model
     n_params = parameter_count(mc)
     data, fsdp, tensor = _mesh_sizes(cfg)
     shards, row_shards = fsdp * tensor, data * fsdp
+    p_item = 2 if mc.param_dtype == "bfloat16" else 4
     kv_token = 2 * mc.num_layers * mc.num_kv_heads * mc.resolved_head_dim * (2 if mc.dtype == "bfloat16" else 4)
     sh = shapes(cfg, prompt_tokens)
+    # Resident for the whole run: parameters and the AdamW moments (stored in the parameter dtype).
+    # Under LoRA only the float32 adapters have gradients and AdamW moments.
+    n_train, t_item = (_adapter_count(mc), 4) if mc.lora.rank else (n_params, p_item)
+    param_bytes, opt_bytes = p_item * n_params / shards, 2 * t_item * n_train / shards
+    kv = {phase: (sh[phase][1] + sh[phase][0]) * (sh[phase][2] + sh[phase][3]) * kv_token / row_shards
+          for phase in ("round0", "later")}
+    # Decode is not compiled (see the module docstring): parameters, AdamW, KV cache, float32 logits.
+    decode = max(param_bytes + opt_bytes + kv[ph] + 3 * sh[ph][1] * mc.vocab_size * 4 / row_shards
+                 for ph in ("round0", "later"))
+    # XLA CPU has no bfloat16 dot: it converts bfloat16 weights to float32 and hoists that convert out of
+    # the layer scan, i.e. a float32 copy of every weight (measured: an 8-layer bf16 model's prefill
+    # temporaries were 2.3x its weights, a float32 one's 0.14x). TPU and GPU multiply bfloat16 natively.
+    upcast = 4 * n_params / shards if mc.param_dtype == "bfloat16" else 0.0
+    prefill = max(measured["round0_prefill"], measured["later_prefill"]) + opt_bytes - upcast
+    programs = {"update": measured["update"] - upcast, "prefill": prefill, "decode": decode}
+    return {
+        "config": cfg.model.pretrained or "", "devices": cfg.mesh.devices or 1,
+        "mesh": {"data": data, "fsdp": fsdp, "tensor": tensor}, "parameters": n_params,
+        "param_dtype": mc.param_dtype, "dtype": mc.dtype, "remat": mc.remat, "lora_rank": mc.lora.rank,
+        "trainable_parameters": n_train,
+        "update_rows": sh["update_rows"], "update_width": sh["width"], "grad_accum": cfg.rl.grad_accum,
+        "micro_batch_rows_per_device": sh["update_rows"] // cfg.rl.grad_accum // row_shards,
+        "analytic_bytes_per_device": {"parameters": param_bytes, "adamw": opt_bytes,
+                                      "gradients": 2 * t_item * n_train / shards,
+                                      "kv_cache_round0": kv["round0"], "kv_cache_later": kv["later"],
+                                      "kv_bytes_per_token": kv_token},
+        "xla_bytes_per_device": measured, "cpu_bf16_upcast_bytes": upcast,
+        "program_bytes_per_device": programs,
+        "peak_program": max(programs, key=programs.get),
+        "peak_bytes_per_device": max(programs.values()),
+    }
+
+
+def _adapter_count(model_cfg) -> int:
+    import jax
+    from flax import nnx
+
+    from passrate_jax.model.transformer import Transformer
+    abstract = nnx.eval_shape(lambda: Transformer(model_cfg, rngs=nnx.Rngs(0)))
+    return sum(int(x.size) for x in jax.tree.leaves(nnx.state(abstract, nnx.LoRAParam)))
+
+
+def report(s: dict) -> None:
     gb = 1e9
-    print(f"# {cfg.mesh.devices or 1} device(s), mesh data={data} fsdp={fsdp} tensor={tensor}; "
-          f"{n_params / 1e9:.3f}B parameters")
-    print(f"analytic: parameters float32 {4 * n_params / shards / gb:.2f} GB + AdamW {8 * n_params / shards / gb:.2f} GB "
-          f"per device (over fsdp x tensor = {shards}); gradients + accumulator {8 * n_params / shards / gb:.2f} GB "
-          f"during the update")
-    print(f"analytic: KV cache {kv_token / 1024:.0f} KiB per token; rows split over data x fsdp = {row_shards}")
-    for phase in ("round0", "later"):
-        c, r, t, g = sh[phase]
-        print(f"analytic: {phase}: {r} decode rows + {c} prefilled contexts x {t + g} slots = "
-              f"{(r + c) * (t + g) * kv_token / row_shards / gb:.2f} GB of KV cache per device; prefill float32 "
-              f"logits {c * t * mc.vocab_size * 4 / row_shards / tensor / gb:.2f} GB per device")
-    print(f"update: {sh['update_rows']} rows x {sh['width']} tokens in {cfg.rl.grad_accum} micro-batches of "
-          f"{sh['update_rows'] // cfg.rl.grad_accum // row_shards} row(s) per device")
+    a, m = s["analytic_bytes_per_device"], s["mesh"]
+    print(f"# {s['devices']} device(s), mesh data={m['data']} fsdp={m['fsdp']} tensor={m['tensor']}; "
+          f"{s['parameters'] / 1e9:.3f}B parameters in {s['param_dtype']} ({s['trainable_parameters']:,} trained), "
+          f"compute {s['dtype']}, remat {s['remat']}")
+    print(f"analytic per device: parameters {a['parameters'] / gb:.2f} GB + AdamW {a['adamw'] / gb:.2f} GB resident; "
+          f"gradients + accumulator {a['gradients'] / gb:.2f} GB during the update; KV cache "
+          f"{a['kv_bytes_per_token'] / 1024:.0f} KiB per token: round 0 {a['kv_cache_round0'] / gb:.2f} GB, later "
+          f"rounds {a['kv_cache_later'] / gb:.2f} GB")
+    print(f"update: {s['update_rows']} rows x {s['update_width']} tokens in {s['grad_accum']} micro-batches of "
+          f"{s['micro_batch_rows_per_device']} row(s) per device")
     print("XLA CPU buffer assignment per device (GB): "
-          + ", ".join(f"{k} {v / gb:.2f}" for k, v in measured.items()))
-    # The optimizer state stays resident while the sampler runs (its programs take only the parameters).
-    opt_bytes, param_bytes = 8 * n_params / shards, 4 * n_params / shards
-    prefill = max(measured["round0_prefill"], measured["later_prefill"]) + opt_bytes
-    decode = max(param_bytes + opt_bytes + (r + c) * (t + g) * kv_token / row_shards
-                 + 3 * r * mc.vocab_size * 4 / row_shards for c, r, t, g in (sh["round0"], sh["later"]))
-    print(f"peak per device: update {measured['update'] / gb:.1f} GB (XLA CPU), prefill {prefill / gb:.1f} GB "
-          f"(XLA CPU + optimizer state), decode {decode / gb:.1f} GB (analytic)")
+          + ", ".join(f"{k} {v / gb:.2f}" for k, v in s["xla_bytes_per_device"].items())
+          + (f"; less its float32 copy of the bfloat16 weights, {s['cpu_bf16_upcast_bytes'] / gb:.2f} GB, in the "
+             "update and prefill below" if s["cpu_bf16_upcast_bytes"] else ""))
+    p = s["program_bytes_per_device"]
+    print(f"peak per device: update {p['update'] / gb:.1f} GB (XLA CPU), prefill {p['prefill'] / gb:.1f} GB "
+          f"(XLA CPU + optimizer state), decode {p['decode'] / gb:.1f} GB (analytic); "
+          f"peak {s['peak_bytes_per_device'] / gb:.1f} GB ({s['peak_program']})")
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from passrate_jax.configlib import (ConfigError, apply_overrides, build, option,
 from passrate_jax.model.config import ModelConfig
 from passrate_jax.rl.config import OptimizerConfig, RLConfig
 from passrate_jax.sampling.config import SamplingConfig
+from passrate_jax.sharding import MeshConfig  # noqa: F401  (defined next to the mesh; re-exported)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,23 +124,6 @@ class DataConfig:
         if self.source == "env":  # the environment scores its own episodes; nothing to start a math pool for
             return "exact"
         return "task" if self._builtin_data else "math"
-
-
-@dataclasses.dataclass(frozen=True)
-class MeshConfig:
-    """Device mesh: the product of the axis sizes must equal the device count; -1 means "the rest"."""
-    data: int = option(-1, ge=-1, doc="data-parallel axis size (-1: fill)")
-    fsdp: int = option(1, ge=-1, doc="fully-sharded data-parallel axis size")
-    tensor: int = option(1, ge=-1, doc="tensor-parallel axis size")
-    devices: int = option(0, ge=0, doc="devices (all hosts) the preset is laid out for; 0: any. A mismatch fails "
-                                       "at startup instead of running a mesh the preset never meant")
-
-    def validate(self) -> None:
-        sizes = (self.data, self.fsdp, self.tensor)
-        if any(s == 0 for s in sizes):
-            raise ConfigError(f"(data, fsdp, tensor) = {sizes}: each must be >= 1 or -1")
-        if sum(s == -1 for s in sizes) > 1:
-            raise ConfigError(f"(data, fsdp, tensor) = {sizes}: at most one axis may be -1")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -46,12 +46,6 @@ def restore_model(run_dir: str, step: int | None = None):
     return cfg, step, model
 
 
-def merge_adapters(model):
-    """The model to export with any adapters folded into its base weights. The one place LoRA merging
-    belongs; the model has no adapters yet, so it is returned as is."""
-    return model
-
-
 def write_char_tokenizer(directory: str) -> None:
     """``tokenizer.json`` + ``tokenizer_config.json`` + ``generation_config.json`` for the built-in
     :class:`passrate_jax.tokenizer.CharTokenizer`: the same ids for every character and special token."""
@@ -88,7 +82,7 @@ def export(run_dir: str, out: str, step: int | None = None) -> int:
     from passrate_jax.model import save_pretrained
 
     cfg, step, model = restore_model(run_dir, step)
-    save_pretrained(merge_adapters(model), out)
+    save_pretrained(model, out)  # folds LoRA adapters into the base weights: W + (alpha / r) A B
     if cfg.model.pretrained is None:
         write_char_tokenizer(out)
     else:

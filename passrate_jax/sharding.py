@@ -9,6 +9,8 @@ Every function takes the mesh explicitly; nothing here sets global mesh state.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 from collections.abc import Sequence
 
@@ -16,9 +18,27 @@ import jax
 from flax import nnx
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-from passrate_jax.config import MeshConfig
+from passrate_jax.configlib import ConfigError, option
 
 MESH_AXES = ("data", "fsdp", "tensor")
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+    """Device mesh: the product of the axis sizes must equal the device count; -1 means "the rest"."""
+    data: int = option(-1, ge=-1, doc="data-parallel axis size (-1: fill)")
+    fsdp: int = option(1, ge=-1, doc="fully-sharded data-parallel axis size")
+    tensor: int = option(1, ge=-1, doc="tensor-parallel axis size")
+    devices: int = option(0, ge=0, doc="devices (all hosts) the preset is laid out for; 0: any. A mismatch fails "
+                                       "at startup instead of running a mesh the preset never meant")
+
+    def validate(self) -> None:
+        sizes = (self.data, self.fsdp, self.tensor)
+        if any(s == 0 for s in sizes):
+            raise ConfigError(f"(data, fsdp, tensor) = {sizes}: each must be >= 1 or -1")
+        if sum(s == -1 for s in sizes) > 1:
+            raise ConfigError(f"(data, fsdp, tensor) = {sizes}: at most one axis may be -1")
+
 
 # Logical name -> mesh axis (or tuple of axes, or None = replicated). Weights are split over "fsdp"
 # along the model width and over "tensor" along heads / mlp / vocab (Megatron-style column/row
@@ -118,6 +138,63 @@ def shard_model(model: nnx.Module, mesh: Mesh, rules: dict = LOGICAL_AXIS_RULES)
     return model
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2))
+def _gather(w: jax.Array, gathered: NamedSharding, split: NamedSharding) -> jax.Array:
+    return jax.lax.with_sharding_constraint(w, gathered)
+
+
+def _gather_fwd(w, gathered, split):
+    return _gather(w, gathered, split), None
+
+
+def _gather_bwd(gathered, split, _, g):
+    # The weight's gradient leaves the layer split like the weight (a reduce-scatter), so the scan's
+    # stacked gradient, like the parameters, is never whole on one device.
+    return (jax.lax.with_sharding_constraint(g, split),)
+
+
+_gather.defvjp(_gather_fwd, _gather_bwd)
+
+
+@dataclasses.dataclass(frozen=True)
+class FsdpLayout:
+    """Fully-sharded data parallelism inside the model's layer scan (a ``passrate_jax.model.Layout``).
+
+    Each layer's weights are all-gathered over ``fsdp`` just before the layer uses them (still split over
+    ``tensor``) and their gradients reduce-scattered back, while the residual stream stays split by rows
+    over (data, fsdp). Without these constraints XLA may instead keep the weights split and all-gather
+    the activations, which for long sequences costs far more memory than one layer's weights.
+    """
+    mesh: Mesh
+    rules: tuple = tuple(LOGICAL_AXIS_RULES.items())
+
+    def layer_weights(self, state: nnx.State) -> nnx.State:
+        rules = dict(self.rules)
+        gathered_rules = {k: _without(v, "fsdp") for k, v in rules.items()}
+
+        def one(v):
+            if not isinstance(v, nnx.Variable):
+                return v
+            names = tuple(v.get_metadata().get("out_sharding") or (None,) * v.ndim)[-v.ndim:]
+            split = logical_sharding(self.mesh, names, v.shape, rules)
+            gathered = logical_sharding(self.mesh, names, v.shape, gathered_rules)
+            return v.replace(_gather(v.get_value(), gathered, split))
+
+        return jax.tree.map(one, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
+
+    def activations(self, x_btd: jax.Array) -> jax.Array:
+        rows = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+        if x_btd.shape[0] % rows:
+            return x_btd  # a batch that does not split evenly is left to XLA
+        return jax.lax.with_sharding_constraint(x_btd, batch_sharding(self.mesh, x_btd.ndim))
+
+
+def _without(target, axis: str):
+    axes = (target,) if isinstance(target, str) else tuple(target or ())
+    kept = tuple(a for a in axes if a != axis)
+    return None if not kept else kept[0] if len(kept) == 1 else kept
+
+
 def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
     """Split dim 0 over ("data", "fsdp"), replicate the other ``ndim - 1`` dims."""
     return NamedSharding(mesh, PartitionSpec(("data", "fsdp"), *([None] * (ndim - 1))))
@@ -128,6 +205,6 @@ def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec())
 
 
-__all__ = ["MESH_AXES", "LOGICAL_AXIS_RULES", "KV_CACHE_AXES", "make_mesh", "logical_to_spec",
+__all__ = ["MeshConfig", "MESH_AXES", "LOGICAL_AXIS_RULES", "KV_CACHE_AXES", "make_mesh", "logical_to_spec",
            "logical_sharding", "param_shardings",
-           "shard_model", "batch_sharding", "replicated"]
+           "shard_model", "batch_sharding", "replicated", "FsdpLayout"]

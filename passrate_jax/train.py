@@ -23,6 +23,7 @@ import yaml
 from etils import epath
 
 from passrate_jax import distributed
+from passrate_jax.model.lora import has_adapters, reference_params
 from passrate_jax.allocation import Allocator, AllocatorState, state_from_dict, state_to_dict
 from passrate_jax.checkpoint import RunCheckpointer, check_run_dir
 from passrate_jax.config import Config, dump_config
@@ -125,7 +126,10 @@ class RunState:
 
     def arrays(self) -> dict:
         out = {"params": self.params, "opt_state": self.opt_state, "allocator": state_to_dict(self.alloc_state)}
-        return out if self.ref_params is None else {**out, "ref_params": self.ref_params}
+        # A LoRA run's reference is its base weights with adapters off: derived, so not saved twice.
+        if self.ref_params is None or has_adapters(self.params):
+            return out
+        return {**out, "ref_params": self.ref_params}
 
 
 class Updater:
@@ -150,8 +154,14 @@ class Updater:
         """Step 0: ``params`` laid out on the mesh, a fresh optimizer, and (for the KL term) a frozen copy
         of the parameters training starts from (after the warm start)."""
         params = jax.device_put(params, self.fns.param_shardings)
-        ref_params = jax.tree.map(jnp.copy, params) if self.use_kl else None
+        ref_params = self._reference(params) if self.use_kl else None
         return RunState(0, params, self.fns.init(params), alloc_state, ref_params)
+
+    @staticmethod
+    def _reference(params):
+        # With LoRA the reference is the base model with its adapters off, sharing the base weights (the
+        # update never donates them); without, a copy, since the update donates the parameters it reads.
+        return reference_params(params) if has_adapters(params) else jax.tree.map(jnp.copy, params)
 
     def __call__(self, state: RunState, groups, step: int):
         """(params, opt_state, host metrics) after one update on ``groups``."""
@@ -188,8 +198,11 @@ class Checkpoints:
         """The latest checkpoint, into the structure and shardings of ``like``; loads the trajectories."""
         arrays, meta = self.ckpt.restore(self.resume_from, like.arrays())
         backend.load_json(meta["store"])
+        ref = arrays.get("ref_params")
+        if like.ref_params is not None and ref is None:
+            ref = reference_params(arrays["params"])
         return RunState(int(meta["step"]), arrays["params"], arrays["opt_state"],
-                        state_from_dict(arrays["allocator"], like.alloc_state), arrays.get("ref_params"),
+                        state_from_dict(arrays["allocator"], like.alloc_state), ref,
                         int(meta["rollouts_total"]), int(meta["useful_total"]))
 
     def close(self) -> None:
@@ -318,7 +331,7 @@ def train_step(s: Stages, state: RunState, step: int) -> tuple[RunState, dict]:
         record.update(eval_metrics(s.session, params, cfg))
     record.update({"time/rollout_s": t1 - t0, "time/update_s": t2 - t1, "time/step_s": time.perf_counter() - t0,
                    "compilations/sampler": s.session.sampler.compilations,
-                   "compilations/update": _compiled_programs(s.updater.fns.step), **s.session.data_metrics()})
+                   "compilations/update": _compiled_programs(s.updater.fns.compiled), **s.session.data_metrics()})
     return RunState(step, params, opt_state, ro.state, state.ref_params, rollouts_total, useful_total), record
 
 

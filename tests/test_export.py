@@ -82,3 +82,26 @@ def test_export_of_a_qwen3_run_loads_in_transformers_with_the_trained_weights(tm
     assert transformers.AutoTokenizer.from_pretrained(out)("w30 3 ?").input_ids == \
         transformers.AutoTokenizer.from_pretrained(model_dir)("w30 3 ?").input_ids
     assert load_tokenizer(str(out)).encode("w30 3 ?") == [30, 10, 20]  # ? is unknown: w20
+
+
+def test_a_lora_run_with_a_kl_term_trains_adapters_only_and_exports_merged_weights(tmp_path, monkeypatch):
+    """LoRA + ``rl.kl_coef``: the reference shares the base weights (the update must not donate them, or
+    step 2 would read deleted arrays); the base stays as initialised; export folds the adapters in."""
+    import transformers
+
+    monkeypatch.setattr(Session, "score", lambda self, records, texts: hash_reward(records, texts))
+    cfg = load_config(None, RUN + TINY + ["steps=2", "model.lora.rank=2", "model.lora.alpha=4", "rl.kl_coef=0.1",
+                                          "optimizer.learning_rate=0.01"])
+    ours = trained(cfg, tmp_path / "run")
+    start = create_model(cfg.model, seed=cfg.seed)
+    adapters = lambda m: nnx.to_flat_state(nnx.state(m, nnx.LoRAParam))  # noqa: E731
+    base = lambda m: nnx.to_flat_state(nnx.state(m, nnx.Not(nnx.LoRAParam)))  # noqa: E731
+    for (_, a), (_, b) in zip(base(ours), base(start)):
+        np.testing.assert_array_equal(np.asarray(a.get_value()), np.asarray(b.get_value()))
+    assert any(np.abs(np.asarray(a.get_value()) - np.asarray(b.get_value())).max() > 0
+               for (_, a), (_, b) in zip(adapters(ours), adapters(start)))
+    out = tmp_path / "hf"
+    assert main(["export", "--run-dir", str(tmp_path / "run"), "--out", str(out)]) == 0
+    exported = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    tokens = np.asarray([CharTokenizer().encode("12+30=\n42", add_bos=True)])
+    np.testing.assert_allclose(torch_logits(exported, tokens), forward(ours, tokens), atol=1e-4)

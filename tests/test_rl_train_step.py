@@ -184,7 +184,7 @@ _SHARDED_SCRIPT = textwrap.dedent("""
     opt_cfg = OptimizerConfig(learning_rate=1e-3, eps=1e-6)
     out = {}
     for name, mesh_cfg, devices in [("single", MeshConfig(1, 1, 1), jax.devices()[:1]),
-                                    ("sharded", MeshConfig(2, 2, 2), None)]:
+                                    ("sharded", MeshConfig(2, 2, 2), None), ("fsdp4", MeshConfig(1, 4, 2), None)]:
         mesh = make_mesh(mesh_cfg, devices)
         fns = make_train_step(graphdef, params, MULTI, make_optimizer(opt_cfg), mesh)
         p = jax.device_put(jax.tree.map(jnp.copy, params), fns.param_shardings)
@@ -192,9 +192,12 @@ _SHARDED_SCRIPT = textwrap.dedent("""
         for i in range(2):
             p, o, m = fns.step(p, o, jax.device_put(batch, fns.batch_sharding), jax.random.key(i))
         n_shards = max(len(x.sharding.device_set) for x in jax.tree.leaves(p))
+        # Fraction of each weight-shaped array (parameters, Adam moments) that one device holds.
+        big = [x for x in jax.tree.leaves((p, o)) if x.size >= 512]
+        held = max(x.addressable_shards[0].data.size / x.size for x in big)
         out[name] = dict(params=[np.asarray(x).ravel().tolist() for x in jax.tree.leaves(p)],
-                         metrics={k: float(v) for k, v in m.items()}, devices=n_shards,
-                         tensor_split=str(fns.param_shardings["layers"][0]["attn"]["q"].get_value().spec))
+                         metrics={k: float(v) for k, v in m.items()}, devices=n_shards, held=held,
+                         tensor_split=str(fns.param_shardings["layers"]["attn"]["q"].get_value().spec))
     print("RESULT" + json.dumps(out))
 """)
 
@@ -207,11 +210,15 @@ def test_sharded_step_matches_single_device():
     assert proc.returncode == 0, proc.stderr[-4000:]
     line = next(l for l in proc.stdout.splitlines() if l.startswith("RESULT"))
     out = json.loads(line[len("RESULT"):])
-    single, sharded = out["single"], out["sharded"]
-    assert sharded["devices"] == 8 and single["devices"] == 1
-    assert "tensor" in sharded["tensor_split"] and "fsdp" in sharded["tensor_split"]
-    for a, b in zip(single["params"], sharded["params"]):
-        np.testing.assert_allclose(np.array(b), np.array(a), rtol=1e-5, atol=1e-5)
-    for k in single["metrics"]:
-        np.testing.assert_allclose(sharded["metrics"][k], single["metrics"][k], rtol=1e-5, atol=1e-5, err_msg=k)
+    single = out["single"]
+    assert single["devices"] == 1
+    # fsdp 4 x tensor 2: every weight and Adam moment (all dims divide) is split 8 ways.
+    assert out["fsdp4"]["held"] == 1 / 8
+    for sharded in (out["sharded"], out["fsdp4"]):
+        assert sharded["devices"] == 8
+        assert "tensor" in sharded["tensor_split"] and "fsdp" in sharded["tensor_split"]
+        for a, b in zip(single["params"], sharded["params"]):
+            np.testing.assert_allclose(np.array(b), np.array(a), rtol=1e-5, atol=1e-5)
+        for k in single["metrics"]:
+            np.testing.assert_allclose(sharded["metrics"][k], single["metrics"][k], rtol=1e-5, atol=1e-5, err_msg=k)
     assert single["metrics"]["updates"] == 4 and single["metrics"]["skipped_steps"] == 0

@@ -18,6 +18,29 @@ class RopeScaling:
     original_max_position_embeddings: int = option(8192, ge=1)
 
 
+LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
+
+
+@dataclasses.dataclass(frozen=True)
+class LoRAConfig:
+    """Low-rank adapters W + (alpha / rank) A B on the named projections; rank 0 turns them off. With
+    adapters on, the update trains (and the optimizer holds state for) the adapters only."""
+    rank: int = option(0, ge=0, doc="adapter rank r (0: no adapters, train every weight)")
+    alpha: float = option(16.0, gt=0, doc="adapter scale numerator: the update is (alpha / rank) A B")
+    targets: tuple[str, ...] = option(LORA_TARGETS, doc="projections that get adapters, among "
+                                                        "q, k, v, o (attention) and gate, up, down (MLP)")
+
+    @property
+    def scale(self) -> float:
+        return self.alpha / self.rank if self.rank else 0.0
+
+    def validate(self) -> None:
+        unknown = [t for t in self.targets if t not in LORA_TARGETS]
+        if unknown or (self.rank and not self.targets):
+            raise ConfigError(f"targets = {list(self.targets)}: choose among {list(LORA_TARGETS)} "
+                              "(at least one when lora.rank > 0)")
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
     """Decoder-only transformer shape. ``pretrained`` names a Hugging Face checkpoint directory;
@@ -39,12 +62,22 @@ class ModelConfig:
     qk_norm: bool = option(False, doc="per-head RMSNorm on q and k (Qwen3)")
     dtype: Literal["float32", "bfloat16"] = option("float32", doc="compute dtype")
     param_dtype: Literal["float32", "bfloat16"] = option("float32", doc="parameter storage dtype")
+    lora: LoRAConfig = dataclasses.field(default_factory=LoRAConfig)
+    scan_layers: bool = option(True, doc="run the layers under one lax.scan over stacked weights (compile time "
+                                         "flat in depth); false unrolls them (same weights, same results)")
+    remat: Literal["none", "full", "dots"] = option(
+        "none", doc="activation rematerialisation of each layer in the update: none keeps every activation, full "
+                    "keeps only the layer inputs, dots also keeps matmul outputs without a batch dimension")
 
     @property
     def resolved_head_dim(self) -> int:
         return self.head_dim if self.head_dim is not None else self.hidden_size // self.num_heads
 
     def validate(self) -> None:
+        try:
+            self.lora.validate()
+        except ConfigError as e:
+            raise ConfigError(f"lora.{e}") from None
         if self.num_heads % self.num_kv_heads:
             raise ConfigError(f"num_kv_heads = {self.num_kv_heads}: must divide num_heads = "
                               f"{self.num_heads}")

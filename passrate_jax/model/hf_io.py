@@ -21,6 +21,7 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from passrate_jax.model.config import ModelConfig, RopeScaling
+from passrate_jax.model.lora import merged_model
 from passrate_jax.model.transformer import Transformer
 
 # architecture -> model_type written back on save
@@ -119,28 +120,28 @@ def config_to_hf(cfg: ModelConfig) -> dict[str, Any]:
     }
 
 
-def _tensor_map(cfg: ModelConfig) -> list[tuple[str, tuple, str]]:
-    """(Hugging Face name, nnx state path, layout kind) for every model weight."""
-    entries = [("model.embed_tokens.weight", ("embed",), "copy"),
-               ("model.norm.weight", ("final_norm", "weight"), "copy")]
+def _tensor_map(cfg: ModelConfig) -> list[tuple[str, tuple, str, int | None]]:
+    """(Hugging Face name, nnx state path, layout kind, layer) for every model weight; ``layer`` is the
+    index into the stacked [L, ...] weight, None for the weights outside the layers."""
+    entries = [("model.embed_tokens.weight", ("embed",), "copy", None),
+               ("model.norm.weight", ("final_norm", "weight"), "copy", None)]
     if not cfg.tie_embeddings:
-        entries.append(("lm_head.weight", ("lm_head",), "transpose"))
+        entries.append(("lm_head.weight", ("lm_head",), "transpose", None))
+    per_layer = [("input_layernorm.weight", ("input_norm", "weight"), "copy"),
+                 ("post_attention_layernorm.weight", ("post_attention_norm", "weight"), "copy"),
+                 ("self_attn.o_proj.weight", ("attn", "o"), "out_heads"),
+                 ("mlp.gate_proj.weight", ("mlp", "gate"), "transpose"),
+                 ("mlp.up_proj.weight", ("mlp", "up"), "transpose"),
+                 ("mlp.down_proj.weight", ("mlp", "down"), "transpose")]
+    for p in "qkv":
+        per_layer.append((f"self_attn.{p}_proj.weight", ("attn", p), "in_heads"))
+        if cfg.attention_bias:
+            per_layer.append((f"self_attn.{p}_proj.bias", ("attn", f"{p}_bias"), "reshape"))
+    if cfg.qk_norm:
+        per_layer += [("self_attn.q_norm.weight", ("attn", "q_norm", "weight"), "copy"),
+                      ("self_attn.k_norm.weight", ("attn", "k_norm", "weight"), "copy")]
     for i in range(cfg.num_layers):
-        hf, st = f"model.layers.{i}.", ("layers", i)
-        entries += [
-            (hf + "input_layernorm.weight", st + ("input_norm", "weight"), "copy"),
-            (hf + "post_attention_layernorm.weight", st + ("post_attention_norm", "weight"), "copy"),
-            (hf + "self_attn.o_proj.weight", st + ("attn", "o"), "out_heads"),
-            (hf + "mlp.gate_proj.weight", st + ("mlp", "gate"), "transpose"),
-            (hf + "mlp.up_proj.weight", st + ("mlp", "up"), "transpose"),
-            (hf + "mlp.down_proj.weight", st + ("mlp", "down"), "transpose")]
-        for p in "qkv":
-            entries.append((hf + f"self_attn.{p}_proj.weight", st + ("attn", p), "in_heads"))
-            if cfg.attention_bias:
-                entries.append((hf + f"self_attn.{p}_proj.bias", st + ("attn", f"{p}_bias"), "reshape"))
-        if cfg.qk_norm:
-            entries += [(hf + "self_attn.q_norm.weight", st + ("attn", "q_norm", "weight"), "copy"),
-                        (hf + "self_attn.k_norm.weight", st + ("attn", "k_norm", "weight"), "copy")]
+        entries += [(f"model.layers.{i}.{name}", ("layers",) + path, kind, i) for name, path, kind in per_layer]
     return entries
 
 
@@ -213,26 +214,35 @@ def load_pretrained(directory: str | os.PathLike, dtype=None, mesh: jax.sharding
 
     files = _tensor_files(directory)
     entries = _tensor_map(cfg)
-    missing = [name for name, _, _ in entries if name not in files]
+    missing = [name for name, *_ in entries if name not in files]
     if missing:
         raise CheckpointFormatError(f"{directory!r}: missing tensors {missing}")
     # A tied checkpoint may still store lm_head (transformers ties it on load); old ones store
     # rotary inv_freq buffers. Anything else unknown means a feature this model would silently drop.
-    expected = {name for name, _, _ in entries}
+    expected = {name for name, *_ in entries}
     unexpected = sorted(n for n in files if n not in expected and n != "lm_head.weight"
                         and not n.endswith("rotary_emb.inv_freq"))
     if unexpected:
         raise CheckpointFormatError(f"{directory!r}: unexpected tensors {unexpected[:10]}")
     handles: dict[str, Any] = {}
     try:
-        for name, path, kind in entries:
+        # A stacked [L, ...] weight is assembled on the host from its L tensors, then placed once.
+        host: dict[tuple, np.ndarray] = {}
+        # Weight by weight (each stacked one's layers in a row), so the host holds one weight at a time.
+        for name, path, kind, layer in sorted(entries, key=lambda e: (e[1], -1 if e[3] is None else e[3])):
             if files[name] not in handles:
                 handles[files[name]] = safe_open(files[name], framework="np")
             var = variables[path]
+            shape = var.shape if layer is None else var.shape[1:]
             x = handles[files[name]].get_tensor(name)
-            if x.size != int(np.prod(var.shape)):
-                raise CheckpointFormatError(f"tensor {name}: shape {x.shape} does not fit {var.shape}")
-            x = _to_model_layout(kind, x, var.shape).astype(var.get_value().dtype)
+            if x.size != int(np.prod(shape)):
+                raise CheckpointFormatError(f"tensor {name}: shape {x.shape} does not fit {shape}")
+            x = _to_model_layout(kind, x, shape).astype(var.get_value().dtype)
+            if layer is not None:
+                host.setdefault(path, np.empty(var.shape, x.dtype))[layer] = x
+                if layer < cfg.num_layers - 1:
+                    continue
+                x = host.pop(path)
             var.set_value(jax.device_put(x, shardings[path].get_value() if shardings else None))
     finally:
         handles.clear()
@@ -242,15 +252,18 @@ def load_pretrained(directory: str | os.PathLike, dtype=None, mesh: jax.sharding
 def save_pretrained(model: Transformer, directory: str | os.PathLike) -> None:
     """Write ``config.json`` and ``model.safetensors`` that transformers' ``from_pretrained`` loads.
 
+    LoRA adapters are merged into the weights first (:func:`passrate_jax.model.lora.merged_model`).
     Parameters are gathered to host memory (fine on one host; multi-host needs a process-0 gather).
     """
+    model = merged_model(model)
     directory = os.fspath(directory)
     os.makedirs(directory, exist_ok=True)
     cfg = model.cfg
     with open(os.path.join(directory, "config.json"), "w") as f:
         json.dump(config_to_hf(cfg), f, indent=2)
     variables = dict(nnx.to_flat_state(nnx.state(model)))
-    tensors = {name: _to_hf_layout(kind, np.asarray(jax.device_get(variables[path][...])))
-               for name, path, kind in _tensor_map(cfg)}
+    host = {path: np.asarray(jax.device_get(v[...])) for path, v in variables.items()}
+    tensors = {name: _to_hf_layout(kind, host[path] if layer is None else host[path][layer])
+               for name, path, kind, layer in _tensor_map(cfg)}
     # transformers refuses safetensors files whose metadata does not name a known framework.
     save_file(tensors, os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})

@@ -29,6 +29,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from passrate_jax import sharding
+from passrate_jax.model.lora import TRAINABLE_WITH_LORA, has_adapters
 from passrate_jax.rl.batch import TrainBatch, split_rows
 from passrate_jax.rl.config import RLConfig
 from passrate_jax.rl.losses import grpo_loss, token_logprobs
@@ -41,15 +42,21 @@ METRIC_NAMES = ("loss", "clip_frac_low", "clip_frac_high", "kl", "entropy", "gra
 class UpdateFns(NamedTuple):
     """The jitted functions of the update and the shardings they were built with.
 
-    init: ``params -> opt_state`` placed on ``opt_shardings``.
+    init: ``params -> opt_state`` placed on ``opt_shardings`` (of the LoRA adapters alone when the
+      parameters hold adapters: then only they train).
     step: ``(params, opt_state, batch, rng) -> (params, opt_state, metrics)``; params and opt_state
-      are donated; ``metrics`` is a dict of float32 scalars named by :data:`METRIC_NAMES`.
+      are donated; ``metrics`` is a dict of float32 scalars named by :data:`METRIC_NAMES`. With LoRA
+      adapters only the adapters and opt_state are donated and the frozen base weights come back as the
+      very same arrays, so a KL reference sharing them (``model.reference_params``) stays valid.
+    compiled: the one jitted program behind ``step`` (for ``.lower`` and compile counts); with LoRA it
+      returns the new adapters instead of the whole parameter state.
 
     Place the first params with ``jax.device_put(params, fns.param_shardings)`` (step outputs already
     are): an array without a mesh in its type traces differently and would cost a second compile.
     """
     init: Callable
     step: Callable
+    compiled: Any
     param_shardings: Any
     opt_shardings: Any
     batch_sharding: NamedSharding
@@ -61,11 +68,12 @@ def unsplit_rows(x: jax.Array) -> jax.Array:
     return jnp.swapaxes(x, 0, 1).reshape((parts * rows,) + x.shape[2:])
 
 
-def policy_logprobs(graphdef: nnx.GraphDef, params, tokens_bt, positions_bt, attention_mask_bt):
+def policy_logprobs(graphdef: nnx.GraphDef, params, tokens_bt, positions_bt, attention_mask_bt, layout=None):
     """Per-token log-probabilities and entropies (nats, float32 [B, T], aligned with the tokens;
-    column 0 is 0) of the model ``nnx.merge(graphdef, params)``. Pure; jit it or call it inside jit."""
+    column 0 is 0) of the model ``nnx.merge(graphdef, params)``. Pure; jit it or call it inside jit.
+    ``layout``: the model's sharding constraints (e.g. :class:`passrate_jax.sharding.FsdpLayout`)."""
     model = nnx.merge(graphdef, params)
-    logits_btv = model(tokens_bt, positions_bt, attention_mask_bt)
+    logits_btv = model(tokens_bt, positions_bt, attention_mask_bt, layout=layout)
     return token_logprobs(logits_btv, tokens_bt)
 
 
@@ -96,10 +104,22 @@ def make_train_step(graphdef: nnx.GraphDef, params, cfg: RLConfig, optimizer: op
         ``minibatches * grad_accum`` micro-batches, each divisible by ``data * fsdp``.
     """
     p_shard = sharding.param_shardings(params, mesh)
-    o_shard = opt_state_shardings(optimizer, params, p_shard, mesh)
+    # With LoRA adapters only they train: the optimizer sees (and keeps state for) the adapters alone and
+    # the base weights pass through the step unchanged.
+    lora = has_adapters(params)
+
+    def split(p):
+        return nnx.split_state(p, TRAINABLE_WITH_LORA, ...) if lora else (p, None)
+
+    def join(trainable, frozen):
+        return nnx.merge_state(trainable, frozen) if lora else trainable
+
+    t_shard = split(p_shard)[0]
+    o_shard = opt_state_shardings(optimizer, split(params)[0], t_shard, mesh)
     b_shard = sharding.batch_sharding(mesh, 1)  # a prefix spec: dim 0 split, other dims replicated
     rep = sharding.replicated(mesh)
     rows_spec = ("data", "fsdp")
+    layout = sharding.FsdpLayout(mesh)  # weights gathered per layer, activations split by rows
 
     def constrain_split(tree):
         # [parts, rows, ...]: keep every part spread over all data-parallel devices.
@@ -109,40 +129,40 @@ def make_train_step(graphdef: nnx.GraphDef, params, cfg: RLConfig, optimizer: op
     # stop_gradient(logp) from the training forward replaces a separate recompute forward.
     reuse_forward = cfg.recompute_old_logprobs and cfg.ppo_epochs * cfg.minibatches == 1
 
-    def loss_fn(p, micro: TrainBatch, num_tokens, num_rows):
-        logp, entropy = policy_logprobs(graphdef, p, micro.tokens, micro.positions, micro.attention_mask)
+    def loss_fn(t, frozen, micro: TrainBatch, num_tokens, num_rows):
+        logp, entropy = policy_logprobs(graphdef, join(t, frozen), micro.tokens, micro.positions, micro.attention_mask, layout)
         old = jax.lax.stop_gradient(logp) if reuse_forward else micro.old_logprobs
         return grpo_loss(cfg, logp, old, micro.advantages, micro.loss_mask, ref_logp_bt=micro.ref_logprobs,
                          entropy_bt=entropy, num_tokens=num_tokens, num_sequences=num_rows)
 
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
-    def update(carry, minibatch: TrainBatch):
-        p, o = carry
+    def update(carry, minibatch: TrainBatch, frozen):
+        t, o = carry
         num_tokens, num_rows = _count_tokens_and_rows(minibatch.loss_mask)
         micros = constrain_split(jax.tree.map(lambda x: split_rows(x, cfg.grad_accum), minibatch))
 
         def accumulate(acc, micro):
-            (loss, stats), grads = grad_fn(p, micro, num_tokens, num_rows)
+            (loss, stats), grads = grad_fn(t, frozen, micro, num_tokens, num_rows)
             return jax.tree.map(jnp.add, acc, (loss, stats, grads)), None
 
         zero_stats = {k: jnp.zeros((), jnp.float32) for k in ("tokens", "clip_low", "clip_high", "kl", "entropy")}
-        zero_grads = jax.lax.with_sharding_constraint(jax.tree.map(jnp.zeros_like, p), p_shard)
+        zero_grads = jax.lax.with_sharding_constraint(jax.tree.map(jnp.zeros_like, t), t_shard)
         (loss, stats, grads), _ = jax.lax.scan(accumulate, (jnp.zeros((), jnp.float32), zero_stats, zero_grads),
                                                micros)
         # apply_if_finite inspects the gradient only; a non-finite loss must veto the update too.
         grads = jax.tree.map(lambda g: jnp.where(jnp.isfinite(loss), g, jnp.nan), grads)
         grad_norm = optax.tree.norm(grads)
-        updates, o = optimizer.update(grads, o, p)
-        p = optax.apply_updates(p, updates)
-        return (p, o), dict(stats, loss=loss, grad_norm=grad_norm, applied=o.last_finite)
+        updates, o = optimizer.update(grads, o, t)
+        t = optax.apply_updates(t, updates)
+        return (t, o), dict(stats, loss=loss, grad_norm=grad_norm, applied=o.last_finite)
 
-    def epoch(carry, key, batch: TrainBatch):
+    def epoch(carry, key, batch: TrainBatch, frozen):
         if cfg.minibatches > 1:
             perm = jax.random.permutation(key, batch.tokens.shape[0])
             batch = jax.lax.with_sharding_constraint(jax.tree.map(lambda x: x[perm], batch), b_shard)
         minibatches = constrain_split(jax.tree.map(lambda x: split_rows(x, cfg.minibatches), batch))
-        return jax.lax.scan(update, carry, minibatches)
+        return jax.lax.scan(lambda c, mb: update(c, mb, frozen), carry, minibatches)
 
     def step(p, o, batch: TrainBatch, rng):
         skipped_before = skipped_updates(o)
@@ -151,10 +171,11 @@ def make_train_step(graphdef: nnx.GraphDef, params, cfg: RLConfig, optimizer: op
             parts = cfg.minibatches * cfg.grad_accum
             fields = constrain_split(jax.tree.map(lambda x: split_rows(x, parts),
                                                   (batch.tokens, batch.positions, batch.attention_mask)))
-            old = jax.lax.map(lambda f: policy_logprobs(graphdef, p, *f)[0], fields)
+            old = jax.lax.map(lambda f: policy_logprobs(graphdef, p, *f, layout)[0], fields)
             batch = batch.replace(old_logprobs=jax.lax.stop_gradient(unsplit_rows(old)))
         keys = jax.random.split(rng, cfg.ppo_epochs)
-        (p, o), per_update = jax.lax.scan(lambda c, k: epoch(c, k, batch), (p, o), keys)
+        t, frozen = split(p)
+        (t, o), per_update = jax.lax.scan(lambda c, k: epoch(c, k, batch, frozen), (t, o), keys)
         # Metrics describe the updates that were applied; NaN when every update was skipped.
         applied = per_update["applied"]
         n_applied = applied.sum()
@@ -173,10 +194,18 @@ def make_train_step(graphdef: nnx.GraphDef, params, cfg: RLConfig, optimizer: op
             "total_skipped_steps": total_skipped.astype(jnp.float32),
             "updates": jnp.asarray(cfg.ppo_epochs * cfg.minibatches, jnp.float32),
         }
-        return p, o, metrics
+        return t, o, metrics
 
+    # Returning the frozen base from the jitted program would copy it (jit does not forward an input
+    # buffer to an output), and donating it would delete the arrays a KL reference shares: with LoRA
+    # the program returns the adapters alone and the base is joined back outside, untouched.
     step_jit = jax.jit(step, in_shardings=(p_shard, o_shard, b_shard, rep),
-                       out_shardings=(p_shard, o_shard, rep), donate_argnums=(0, 1))
-    init_jit = jax.jit(optimizer.init, in_shardings=(p_shard,), out_shardings=o_shard)
-    return UpdateFns(init=init_jit, step=step_jit, param_shardings=p_shard, opt_shardings=o_shard,
-                     batch_sharding=b_shard)
+                       out_shardings=(t_shard, o_shard, rep), donate_argnums=(1,) if lora else (0, 1))
+
+    def step_fn(p, o, batch: TrainBatch, rng):
+        t, o, metrics = step_jit(p, o, batch, rng)
+        return join(t, split(p)[1]), o, metrics
+
+    init_jit = jax.jit(lambda p: optimizer.init(split(p)[0]), in_shardings=(p_shard,), out_shardings=o_shard)
+    return UpdateFns(init=init_jit, step=step_fn if lora else step_jit, compiled=step_jit, param_shardings=p_shard,
+                     opt_shardings=o_shard, batch_sharding=b_shard)

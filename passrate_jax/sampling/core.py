@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from flax import nnx, struct
 
 from passrate_jax.model.config import ModelConfig
-from passrate_jax.model.transformer import KVCache, init_cache
+from passrate_jax.model.transformer import KVCache, Layout, init_cache
 from passrate_jax.sampling.distributions import sample_tokens
 
 
@@ -109,7 +109,7 @@ def row_keys(seed: jax.Array, context_id_r: jax.Array, sample_index_r: jax.Array
 
 
 def prefill(params: nnx.State, tokens_ct: jax.Array, length_c: jax.Array, *, graphdef: nnx.GraphDef,
-            model_cfg: ModelConfig, cache_len: int) -> PrefillOutput:
+            model_cfg: ModelConfig, cache_len: int, layout: Layout | None = None) -> PrefillOutput:
     """Run every context once through the model, filling a cache of ``cache_len`` slots per context.
 
     Args:
@@ -123,7 +123,7 @@ def prefill(params: nnx.State, tokens_ct: jax.Array, length_c: jax.Array, *, gra
     real = positions < length_c[:, None]
     cache = init_cache(model_cfg, c, cache_len)
     last = jnp.maximum(length_c - 1, 0)
-    last_logits_cv, cache = model(tokens_ct, positions, real, cache=cache, logits_at_b=last)
+    last_logits_cv, cache = model(tokens_ct, positions, real, cache=cache, logits_at_b=last, layout=layout)
     return PrefillOutput(last_logits_cv=last_logits_cv, cache=cache)
 
 
@@ -156,7 +156,7 @@ def _draw(logits_rv, state: SamplingState, settings: DecodeSettings):
 
 
 def decode(params: nnx.State, prefilled: PrefillOutput, rows: RowSpec, seed: jax.Array, stop_ids: jax.Array,
-           *, graphdef: nnx.GraphDef, settings: DecodeSettings) -> SamplingState:
+           *, graphdef: nnx.GraphDef, settings: DecodeSettings, layout: Layout | None = None) -> SamplingState:
     """Generate up to ``rows.budget_r`` tokens per row, continuing ``rows.context_row_r``'s prefill.
 
     The prefill cache rows are gathered on device into the decode rows, so every continuation of one
@@ -194,7 +194,7 @@ def decode(params: nnx.State, prefilled: PrefillOutput, rows: RowSpec, seed: jax
         return (s.step < g) & ~jnp.all(s.done_r)
 
     def body(s: SamplingState):
-        logits, cache = model(s.last_token_r[:, None], s.position_r[:, None], cache=s.cache)
+        logits, cache = model(s.last_token_r[:, None], s.position_r[:, None], cache=s.cache, layout=layout)
         s = s.replace(cache=cache, position_r=s.position_r + 1)
         return _record(s, *_draw(logits[:, 0], s, settings), settings, stop_ids)
 

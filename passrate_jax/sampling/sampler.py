@@ -21,7 +21,6 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from passrate_jax import sharding as shd
-from passrate_jax.config import MeshConfig
 from passrate_jax.distributed import to_host
 from passrate_jax.model.transformer import KVCache
 from passrate_jax.sampling import core
@@ -125,10 +124,11 @@ class Sampler:
     def __init__(self, model: nnx.Module, cfg: SamplingConfig, *, eos_id: int | None, pad_id: int = 0,
                  mesh: Mesh | None = None):
         self.cfg = cfg
-        self.mesh = mesh if mesh is not None else shd.make_mesh(MeshConfig())
+        self.mesh = mesh if mesh is not None else shd.make_mesh(shd.MeshConfig())
         self.model_cfg = model.cfg
         self.graphdef, params = nnx.split(model)
         self.param_shardings = shd.param_shardings(params, self.mesh)
+        self.layout = shd.FsdpLayout(self.mesh)
         self.params = jax.device_put(params, self.param_shardings)
         self.eos_id, self.pad_id = eos_id, int(pad_id)
         row_axes = shd.batch_sharding(self.mesh, 1).spec[0]
@@ -157,11 +157,12 @@ class Sampler:
     def _prefill_impl(self, params, tokens_ct, length_c, cache_len):
         self.compilations += 1  # runs once per trace, i.e. once per compiled program
         return core.prefill(params, tokens_ct, length_c, graphdef=self.graphdef, model_cfg=self.model_cfg,
-                            cache_len=cache_len)
+                            cache_len=cache_len, layout=self.layout)
 
     def _decode_impl(self, params, prefilled, rows, seed, stop_ids, settings):
         self.compilations += 1
-        final = core.decode(params, prefilled, rows, seed, stop_ids, graphdef=self.graphdef, settings=settings)
+        final = core.decode(params, prefilled, rows, seed, stop_ids, graphdef=self.graphdef, settings=settings,
+                            layout=self.layout)
         return final.replace(cache=None)  # the cache dies inside the program instead of being returned
 
     def generate(self, contexts: Sequence[Context], *, seed: int = 0, params: nnx.State | None = None,
