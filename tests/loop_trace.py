@@ -49,8 +49,8 @@ def trace_run(config: str, overrides: list[str], run_dir: str) -> dict:
     axes = sorted({a for x in leaves for spec in x.sharding.spec if spec for a in
                    ((spec,) if isinstance(spec, str) else spec)})
     params = [np.asarray(x).tolist() for x in jax.tree.leaves(distributed.to_host(leaves))]
-    return {"devices": jax.device_count(), "param_axes": axes, "steps": steps, "records": read_jsonl(f"{run_dir}/metrics.jsonl"),
-            "params": params}
+    return {"devices": jax.device_count(), "param_axes": axes, "steps": steps,
+            "records": read_jsonl(f"{run_dir}/metrics.jsonl"), "params": params}
 
 
 def main(argv: list[str]) -> None:

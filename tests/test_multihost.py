@@ -84,8 +84,9 @@ def _checkpoint_names(run_dir):
 
 def _start_two(run_dir, env):
     address = f"localhost:{_free_port()}"
-    return [subprocess.Popen(_cmd(run_dir, 2, "distributed.initialize=true", f"distributed.coordinator_address={address}",
-                                  "distributed.num_processes=2", f"distributed.process_id={i}"),
+    return [subprocess.Popen(_cmd(run_dir, 2, "distributed.initialize=true",
+                                  f"distributed.coordinator_address={address}", "distributed.num_processes=2",
+                                  f"distributed.process_id={i}"),
                              cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             for i in range(2)]
 
