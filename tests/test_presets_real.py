@@ -22,9 +22,9 @@ from tests.test_train_hf import CHATML
 SHORT = ["steps=2", "eval_every=2", "logging.tensorboard=false", "logging.progress_bar=false"]
 
 
-def test_default_preset_trains_with_the_task_verifier(tmp_path):
+def test_default_preset_trains_with_the_task_verifier(tmp_path, warm_start_cache):
     cfg = load_config("configs/default.yaml", SHORT + [
-        "warm_start.steps=200", f"warm_start.cache_dir={tmp_path / 'cache'}", "data.eval_size=32", "data.max_level=1"])
+        "warm_start.steps=200", f"warm_start.cache_dir={warm_start_cache}", "data.eval_size=32", "data.max_level=1"])
     assert cfg.data.resolved_verifier == "task"
     summary = train(cfg, str(tmp_path / "run"), progress=False, log=lambda *a: None)
     records = read_jsonl(tmp_path / "run" / "metrics.jsonl")
