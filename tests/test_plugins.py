@@ -58,25 +58,56 @@ def write_prompts(path, n=8):
     return str(path)
 
 
+def spy_on_rewards(monkeypatch) -> tuple[list, list]:
+    """Record, while ``train`` runs, each step's rollout table as the allocator saw it and the rewards of
+    every row that reached the update: (steps, trained) with steps = [(table, trained groups, metrics)]."""
+    steps, trained = [], []
+    real_batch, real_metrics = train_module.make_train_batch, train_module.rollout_metrics
+
+    def batch(tokens, attention_mask, loss_mask, rewards, *args, **kwargs):
+        trained.append(np.asarray(rewards)[np.asarray(loss_mask).sum(1) > 0])
+        return real_batch(tokens, attention_mask, loss_mask, rewards, *args, **kwargs)
+
+    def metrics(allocator, rollouts, backend):
+        out = real_metrics(allocator, rollouts, backend)
+        steps.append((rollouts.table, rollouts.result.groups, out))
+        return out
+
+    monkeypatch.setattr(train_module, "make_train_batch", batch)
+    monkeypatch.setattr(train_module, "rollout_metrics", metrics)
+    return steps, trained
+
+
+def check_success_is_reward_at_threshold(steps, threshold: float) -> np.ndarray:
+    """Every observed rollout's success bit (what the allocator, its trained groups and train_accuracy
+    see) is its scored reward >= ``threshold``; returns every observed score."""
+    scores = []
+    for table, groups, metrics in steps:
+        seen = table["observed"].astype(bool)
+        score, success = table["score"][seen], table["reward"][seen]
+        np.testing.assert_array_equal(success, (score >= threshold).astype(int))
+        assert metrics["train_accuracy"] == pytest.approx(success.mean())
+        by_row = {(g, i): s for g, i, s in zip(table["group_key"][seen], table["index"][seen], success)}
+        for group in groups:  # the allocator's trained groups carry the same bits
+            assert all(by_row.get((group.group_key, i), bit) == bit for i, bit in enumerate(group.rewards))
+        scores.append(score)
+    return np.concatenate(scores)
+
+
 def test_plugin_reward_trains_two_steps_on_jsonl_with_float_rewards_as_advantages(tmp_path, plugin, monkeypatch):
     data = write_prompts(tmp_path / "train.jsonl")
     cfg = load_config(None, TINY + ["steps=2", "data.source=jsonl", f"data.path={data}", f"data.eval_path={data}",
-                                    f"data.reward_fn={plugin}:score"])
-    seen = []
-    real = train_module.make_train_batch
-
-    def spy(tokens, attention_mask, loss_mask, rewards, *args, **kwargs):
-        seen.append(np.asarray(rewards)[np.asarray(loss_mask).sum(1) > 0])
-        return real(tokens, attention_mask, loss_mask, rewards, *args, **kwargs)
-
-    monkeypatch.setattr(train_module, "make_train_batch", spy)
+                                    f"data.reward_fn={plugin}:score", "data.reward_threshold=0.75"])
+    steps, seen = spy_on_rewards(monkeypatch)
     train_module.train(cfg, str(tmp_path / "run"), progress=False, log=lambda *a: None)
     records = read_jsonl(tmp_path / "run" / "metrics.jsonl")
     assert [r["step"] for r in records] == [0, 1, 2]
     assert records[-1]["verifier/verify/error"] == 0 and records[-1]["verifier/verify/timeout"] == 0
     rewards = np.concatenate(seen)
     assert seen and set(rewards.tolist()) <= {0.0, 0.25, 0.5, 0.75}
-    assert {0.25, 0.75} & set(rewards.tolist()), "fractional rewards reach the update as they are"
+    assert {0.25, 0.5} & set(rewards.tolist()), "fractional rewards below the threshold reach the update as they are"
+    scores = check_success_is_reward_at_threshold(steps, 0.75)
+    assert len(steps) == 2 and {0.5, 0.75} <= set(scores.tolist()), "both sides of the threshold were scored"
 
 
 def test_a_raising_or_stalling_plugin_costs_that_answer_only(plugin, caplog):
