@@ -110,6 +110,7 @@ def test_eval_on_a_jsonl_file_matches_brute_force_pass_at_k(tmp_path, run, monke
     out = capsys.readouterr().out
     assert f"greedy {data} accuracy {result['accuracy']:.4f} +- {result['accuracy_se']:.4f} on 6 prompts" in out
     assert f"pass@2: {result['pass@2']:.4f} +- {result['pass@2_se']:.4f}" in out
+    assert "level" not in out  # a file has no difficulty levels to break the accuracy down by
 
 
 def test_eval_on_a_tfds_dataset_matches_brute_force_pass_at_k(tmp_path, run, monkeypatch, capsys):
