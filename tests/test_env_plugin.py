@@ -52,6 +52,21 @@ def test_example_environment_expert_solves_every_task_within_the_turn_limit():
     assert env.step(task, (), "no digits").error and env.reward(task, ()) == 0.0
 
 
+@pytest.mark.parametrize("spec, message", [
+    ("{dir}/nope.py:GuessEnv", "file '{dir}/nope.py' does not exist"),
+    ("{dir}/raises.py:GuessEnv", "importing '{dir}/raises.py' failed: RuntimeError: no GPU here"),
+    ("{example}:Guess", "defines no 'Guess'"),
+])
+def test_an_unloadable_environment_fails_before_compute_naming_it(tmp_path, capsys, spec, message):
+    from passrate_jax.cli import main
+    (tmp_path / "raises.py").write_text("raise RuntimeError('no GPU here')\n")
+    spec = spec.format(dir=tmp_path, example=EXAMPLE.rpartition(":")[0])
+    assert main(["train", "--run-dir", str(tmp_path / "run"), "data.source=env", f"data.env={spec}"]) == 2
+    err = capsys.readouterr().err
+    assert f"data.env = {spec!r}" in err and message.format(dir=tmp_path) in err
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_class_missing_the_protocol_is_refused_before_compute(tmp_path):
     (tmp_path / "bad_env.py").write_text("class Half:\n    name = 'half'\n    def reset(self, task): ...\n")
     with pytest.raises(ConfigError, match=r"^data.env = .*bad_env.py:Half.*lacks sample, step, reward, state_json"):

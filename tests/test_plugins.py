@@ -125,12 +125,15 @@ def test_a_raising_or_stalling_plugin_costs_that_answer_only(plugin, caplog):
 
 @pytest.mark.parametrize("spec, message", [
     ("{dir}/missing.py:score", "missing.py"),
+    ("{dir}/broken.py:score", "importing '{dir}/broken.py' failed: ModuleNotFoundError"),
     ("{plugin}:nothing", "defines no 'nothing'"),
     ("{plugin}:two_args", "must accept (prompt, response, reference, **fields)"),
     ("no_such_package.rewards:score", "cannot import module 'no_such_package.rewards'"),
 ])
 def test_an_unloadable_plugin_fails_before_compute_naming_it(tmp_path, plugin, capsys, spec, message):
-    spec = spec.format(dir=tmp_path, plugin=plugin)
+    spec, message = spec.format(dir=tmp_path, plugin=plugin), message.format(dir=tmp_path)
+    (tmp_path / "broken.py").write_text("import no_such_module_here\n\ndef score(prompt, response, reference, **_):\n"
+                                        "    return 1.0\n")
     data = write_prompts(tmp_path / "train.jsonl")
     run_dir = tmp_path / "run"
     assert main(["train", "--run-dir", str(run_dir), "data.source=jsonl", f"data.path={data}",
