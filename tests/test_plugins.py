@@ -168,3 +168,13 @@ def test_readme_shows_the_example_plugins_as_they_are_tested():
     for name in ("reward_fn.py", "guess_env.py"):
         source = open(os.path.join(EXAMPLES, name)).read()
         assert f"```python\n# examples/{name}\n{source}```" in readme, name
+
+
+def test_a_plugin_named_by_module_runs_in_the_pool(tmp_path, monkeypatch):
+    (tmp_path / "my_task_rewards.py").write_text("def graded(prompt, response, reference, **_):\n"
+                                                 "    return 0.25 if response == reference else False\n")
+    monkeypatch.syspath_prepend(str(tmp_path))  # spawned workers inherit the parent's sys.path
+    records = [PromptRecord(i, "q", "4") for i in range(2)]
+    with Rewarder(reward_fn="my_task_rewards:graded", workers=1) as rewarder:
+        assert rewarder(records, ["4", "5"]).tolist() == [0.25, 0.0]
+        assert rewarder.metrics()["verify/error"] == 0
