@@ -31,6 +31,10 @@ def coin(prompt, response, reference, **fields):
     with open(os.environ["REWARD_LOG"], "a") as f:
         f.write(json.dumps([prompt, response, reward, fields["row"]]) + "\\n")
     return bool(reward)
+
+def graded(prompt, response, reference, **fields):
+    """A float reward: 0.45 where coin is right (a success at data.reward_threshold=0.4), 0.2 otherwise."""
+    return 0.45 if coin(prompt, response, reference, **fields) else 0.2
 '''
 
 
@@ -114,6 +118,7 @@ def test_eval_on_a_jsonl_file_matches_brute_force_pass_at_k(tmp_path, run, monke
 
 
 def test_eval_on_a_tfds_dataset_matches_brute_force_pass_at_k(tmp_path, run, monkeypatch, capsys):
+    """With a float reward: a prompt's answer succeeds iff its reward >= data.reward_threshold."""
     from passrate_jax.data.sources import Fields
     from passrate_jax.data.tfds_builtin import prepare_builtin, tfds_source
 
@@ -126,7 +131,7 @@ def test_eval_on_a_tfds_dataset_matches_brute_force_pass_at_k(tmp_path, run, mon
     capsys.readouterr()
     assert main(["eval", "--run-dir", str(run), "--data", f"tfds:{name}", "--split", "test", "--limit", "5",
                  "--num-samples", "3", "--k", "1,3", "--json", f"data.tfds_data_dir={tmp_path / 'tfds'}",
-                 f"data.reward_fn={plugin}:coin"]) == 0
+                 f"data.reward_fn={plugin}:graded", "data.reward_threshold=0.4"]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     check_against_brute_force(result, [json.loads(line) for line in log.read_text().splitlines()], prompts, 3, (1, 3))
 
