@@ -37,6 +37,8 @@ def moody(prompt, response, reference, **_):
         raise ZeroDivisionError("the plugin's own bug")
     if response == "stall":
         time.sleep(60)
+    if response == "odd":
+        return float("nan") if prompt == "nan" else "yes"
     return response == reference
 
 def two_args(prompt, response):
@@ -119,6 +121,9 @@ def test_a_raising_or_stalling_plugin_costs_that_answer_only(plugin, caplog):
         assert counts["verify/error"] == 1 and counts["verify/timeout"] == 1
         assert rewarder(records[:2], ["boom", "4"]).tolist() == [0.0, 1.0]  # the pool carries on
         assert rewarder.metrics()["verify/error"] == 2
+        odd = [PromptRecord(0, "nan", "4"), PromptRecord(1, "q", "4")]
+        assert rewarder(odd, ["odd", "odd"]).tolist() == [0.0, 0.0]  # NaN and a string are not rewards
+        assert rewarder.metrics()["verify/error"] == 4
     tracebacks = [r.getMessage() for r in caplog.records if "Traceback" in r.getMessage()]
     assert len(tracebacks) == 1 and "ZeroDivisionError: the plugin's own bug" in tracebacks[0]
 
