@@ -123,11 +123,18 @@ def check_run_dir(run_dir: str | os.PathLike, state: Any = None) -> None:
 def load_params(run_dir: str | os.PathLike, params: Any, step: int | None = None) -> int:
     """Overwrite ``params`` (an ``nnx.State`` of the run's model) in place with the parameters of checkpoint
     ``step`` (default: the latest) of ``run_dir``, read without rebuilding the optimizer or allocator.
-    Returns the step."""
+    Returns the step. A step that was not saved (or a run with no checkpoint) is a ConfigError listing
+    the steps there are."""
     from flax import nnx
+
+    from passrate_jax.configlib import ConfigError
 
     ckpt = RunCheckpointer(run_dir)
     try:
+        saved = sorted(ckpt.all_steps())
+        if not saved or (step is not None and step not in saved):
+            raise ConfigError(f"--step {step}: {os.fspath(run_dir)!r} has checkpoints at steps {saved}"
+                              if saved else f"--run-dir {os.fspath(run_dir)!r}: no complete checkpoint yet")
         state, meta = ckpt.restore_saved(step)
     finally:
         ckpt.close()

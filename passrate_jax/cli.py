@@ -39,9 +39,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """``parser.parse_args``, except that ``key=value`` overrides may also follow options
+    (``train --run-dir D steps=4``): argparse stops a positional list at the first option, and
+    subparsers rule out ``parse_intermixed_args``."""
+    args, extra = parser.parse_known_args(argv)
+    if extra and hasattr(args, "overrides") and all("=" in a and not a.startswith("-") for a in extra):
+        args.overrides = list(args.overrides or []) + extra
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse(parser, argv)
     try:
         return int(args.func(args) or 0)
     except ConfigError as e:

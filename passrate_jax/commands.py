@@ -119,8 +119,10 @@ def data_overrides(data: str | None, split: str = "test", limit: int = 0) -> lis
 
 
 def _print_eval(result: dict, args, cfg) -> None:
-    for level, acc in result["accuracy_by_level"].items():
-        print(f"  level {level}: {acc:.4f}")
+    levels = result["accuracy_by_level"]
+    if any(int(level) != 0 for level in levels):  # a file without levels has them all at 0: nothing to break down
+        for level, acc in levels.items():
+            print(f"  level {level}: {acc:.4f}")
     if "sampled_accuracy" in result:
         print(f"  mean@{args.num_samples} {result['sampled_accuracy']:.4f} +- {result['sampled_accuracy_se']:.4f} "
               f"({args.num_samples} answers per prompt at temperature {cfg.sampling.temperature:g})")

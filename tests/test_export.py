@@ -40,6 +40,9 @@ def test_export_of_the_builtin_model_is_self_contained_and_loads_in_transformers
     out = tmp_path / "hf"
     assert main(["export", "--run-dir", str(tmp_path / "run"), "--out", str(out)]) == 0
     assert "step 1" in capsys.readouterr().out
+    assert main(["export", "--run-dir", str(tmp_path / "run"), "--step", "7", "--out", str(tmp_path / "none")]) == 2
+    assert f"--step 7: {str(tmp_path / 'run')!r} has checkpoints at steps [1]" in capsys.readouterr().err
+    assert not (tmp_path / "none").exists()
     assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= set(os.listdir(out))
     model = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
     tokenizer = transformers.AutoTokenizer.from_pretrained(out)
@@ -73,14 +76,15 @@ def test_export_of_a_qwen3_run_loads_in_transformers_with_the_trained_weights(tm
     ours = trained(cfg, tmp_path / "run")
     out = tmp_path / "hf"
     assert main(["export", "--run-dir", str(tmp_path / "run"), "--step", "1", "--out", str(out)]) == 0
+    source_ids = transformers.AutoTokenizer.from_pretrained(model_dir)("w30 3 ?").input_ids
+    shutil.rmtree(model_dir)  # the export is self-contained: nothing refers back to the starting checkpoint
     exported = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
     assert type(exported).__name__ == "Qwen3ForCausalLM"
     tokens = np.random.default_rng(0).integers(0, hf_model.config.vocab_size, (2, 9))
     np.testing.assert_allclose(torch_logits(exported, tokens), forward(ours, tokens), atol=1e-4)
     # Trained weights, not the starting checkpoint's; and the tokenizer travels with them.
     assert np.abs(torch_logits(exported, tokens) - torch_logits(hf_model, tokens)).max() > 1e-3
-    assert transformers.AutoTokenizer.from_pretrained(out)("w30 3 ?").input_ids == \
-        transformers.AutoTokenizer.from_pretrained(model_dir)("w30 3 ?").input_ids
+    assert transformers.AutoTokenizer.from_pretrained(out)("w30 3 ?").input_ids == source_ids
     assert load_tokenizer(str(out)).encode("w30 3 ?") == [30, 10, 20]  # ? is unknown: w20
 
 

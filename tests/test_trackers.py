@@ -56,7 +56,7 @@ def wandb_history(path: str) -> tuple[list[dict], dict]:
         if kind == "history":
             rows.append({"/".join(i.nested_key) or i.key: json.loads(i.value_json) for i in record.history.item})
         elif kind == "run":
-            config = {"tags": list(record.run.tags), "project": record.run.project,
+            config = {"tags": list(record.run.tags), "project": record.run.project, "name": record.run.display_name,
                       **{i.key: json.loads(i.value_json) for i in record.run.config.update}}
     return rows, config
 
@@ -64,9 +64,9 @@ def wandb_history(path: str) -> tuple[list[dict], dict]:
 def test_offline_wandb_run_writes_every_metric_and_the_plots(tmp_path, monkeypatch):
     pytest.importorskip("wandb")
     monkeypatch.setenv("WANDB_SILENT", "true")
-    cfg = load_config(None, TINY + ["steps=2", "logging.wandb=true", "logging.wandb_mode=offline",
-                                    "logging.wandb_project=test", "logging.wandb_tags=[ci,tiny]"])
-    train(cfg, str(tmp_path), progress=False, log=lambda *a: None)
+    options = ["logging.wandb=true", "logging.wandb_mode=offline", "logging.wandb_project=test",
+               "logging.wandb_name=tiny-run", "logging.wandb_tags=[ci,tiny]"]
+    train(load_config(None, TINY + ["steps=2"] + options), str(tmp_path), progress=False, log=lambda *a: None)
     files = glob.glob(str(tmp_path / "wandb" / "offline-run-*" / "run-*.wandb"))
     run_id = (tmp_path / "wandb_id").read_text()
     assert len(files) == 1 and files[0].endswith(f"run-{run_id}.wandb")
@@ -78,10 +78,17 @@ def test_offline_wandb_run_writes_every_metric_and_the_plots(tmp_path, monkeypat
             assert row[key] == pytest.approx(value), key
     assert "pass_rate_hist/0" in logged[1] and "update/loss" in logged[1]
     assert any(key.startswith("plots/") for row in rows for key in row)
-    assert run["tags"] == ["ci", "tiny"] and run["project"] == "test"
+    assert run["tags"] == ["ci", "tiny"] and run["project"] == "test" and run["name"] == "tiny-run"
     assert run["data"]["task"] == "arithmetic"  # the whole config travels with the run
     images = glob.glob(str(tmp_path / "wandb" / "offline-run-*" / "files" / "media" / "images" / "plots" / "*.png"))
     assert images
+
+    # Resumed, the run logs its new steps under the same W&B run id.
+    train(load_config(None, TINY + ["steps=3"] + options), str(tmp_path), progress=False, log=lambda *a: None)
+    files = sorted(glob.glob(str(tmp_path / "wandb" / "offline-run-*" / "run-*.wandb")))
+    assert len(files) == 2 and all(f.endswith(f"run-{run_id}.wandb") for f in files)
+    steps = [{row["_step"] for row in wandb_history(f)[0] if "_step" in row} for f in files]
+    assert {0, 1, 2} <= steps[0] and 3 in steps[1] and 3 not in steps[0]
 
 
 def test_scalars_flatten_records_the_way_tensorboard_names_them():

@@ -42,9 +42,11 @@ def env_source(name: str, *, seed: int = 0, level: int | None = None, train_size
                         default_heldout=default_heldout)
 
 
-def expert_trajectory(env: Environment, task: EnvTask, codec: TurnCodec, max_turns: int | None = None) -> list[Turn]:
+def expert_trajectory(env: Environment, task: EnvTask, codec: TurnCodec, max_turns: int | None = None,
+                      success_threshold: float = 0.5) -> list[Turn]:
     """The expert's turns, observations from executing them in ``env`` (so they are exactly what the
-    policy will see). ValueError when the expert does not solve the task within the turn limit."""
+    policy will see). ValueError when the expert does not solve the task (reward >= ``success_threshold``)
+    within the turn limit."""
     episode = Episode(env, task, max_turns)
     episode.reset()
     turns = []
@@ -55,7 +57,7 @@ def expert_trajectory(env: Environment, task: EnvTask, codec: TurnCodec, max_tur
                           outcome.error))
         if outcome.done:
             break
-    if not (episode.done and episode.reward == 1.0):
+    if not (episode.done and episode.reward >= success_threshold):
         raise ValueError(f"{env.name} task {task.prompt!r}: the expert solution does not solve it in "
                          f"{episode.max_turns} turns")
     return turns
@@ -72,7 +74,8 @@ def expert_batch(env: Environment, cfg, step: int, tokenizer) -> tuple[np.ndarra
     for i in range(ws.batch_size):
         task = env.sample(data.seed, "train", step * ws.batch_size + i, data.level or None, data.max_level)
         ids, mask = trajectory_tokens(fmt.encode(task.prompt, tokenizer), [],
-                                      expert_trajectory(env, task, codec, data.max_turns or None))
+                                      expert_trajectory(env, task, codec, data.max_turns or None,
+                                                        data.reward_threshold))
         rows.append(pack_example(ids, mask, ws.max_len, tokenizer.pad_id, task.prompt))
     return np.stack([r[0] for r in rows]), np.stack([r[1] for r in rows])
 
@@ -112,6 +115,7 @@ def evaluate(session, params, *, seed: int = 0, num_samples: int = 0, ks=(1,), b
     from passrate_jax.evaluate import summarise
 
     env, codec = resolve_env(session.cfg.data.env), TurnCodec(session.tokenizer)
+    threshold = session.cfg.data.reward_threshold
     max_turns, turn_tokens, max_len = limits(session)
     tasks = [task_of(r) for r in session.heldout]
     if not tasks:
@@ -129,7 +133,7 @@ def evaluate(session, params, *, seed: int = 0, num_samples: int = 0, ks=(1,), b
             rollouts = run_episodes(session.sampler, params, starts, codec, seed=seed_, turn_tokens=turn_tokens,
                                     max_len=max_len, cfg=cfg)
             for j, r in enumerate(rollouts):
-                out[lo + j // n] += r.reward >= 0.5
+                out[lo + j // n] += r.reward >= threshold
         return out
 
     correct = successes(1, dataclasses.replace(session.sampler.cfg, temperature=0.0), seed)

@@ -4,7 +4,8 @@ Same allocator protocol as text tasks; only the meaning of a request's ``Prefix`
 ``floor(cut_ratio * T)`` assistant turns of the source trajectory, replayed through the environment
 (``replay.py``). A replay whose rebuilt observations differ from the recorded ones (the environment is
 not deterministic) has no start: the loop reports the request as not observed and the group is never
-trained on. The environment's final-state reward is the verifier. Loss mask 1 on the tokens of
+trained on. The environment's final-state reward is the verifier: the update trains on it as it is (a
+float too), the allocator sees success = reward >= ``data.reward_threshold``. Loss mask 1 on the tokens of
 generated actions only: the prompt, every replayed turn and every observation are context (mask 0).
 The trajectories are JSON-serialisable, so a checkpoint keeps those that later steps may replay.
 """
@@ -30,23 +31,27 @@ from passrate_jax.sampling.sampler import Sampler
 class EnvGroup:
     """One group: the prompt index, the replayed turns (empty for a fresh group), whether its start
     could not be rebuilt faithfully (``rejected``: no rollouts were generated), and each rollout's
-    generated turns by rollout index within the group."""
+    generated turns and final-state reward by rollout index within the group (a trained group may hold
+    episodes of earlier steps, so the rewards the update trains on live with the trajectories)."""
     prompt: int
     prefix: list[Turn]
     rejected: bool = False
     turns: dict[int, list[Turn]] = dataclasses.field(default_factory=dict)
+    rewards: dict[int, float] = dataclasses.field(default_factory=dict)
 
 
 class EnvRollouts:
     """The environment backend. ``task(i)`` / ``prompt_ids(i)``: prompt i's task and token ids (with
     BOS). ``max_turns``: the turn limit; ``max_len``: the most tokens a context may hold;
-    ``turn_tokens``: the budget of one assistant turn."""
+    ``turn_tokens``: the budget of one assistant turn; ``success_threshold``: an episode whose reward is at
+    or above it is a success for the allocator (``data.reward_threshold``)."""
 
     def __init__(self, env: Environment, task: Callable[[int], EnvTask], prompt_ids: Callable[[int], list[int]],
                  codec: TurnCodec, sampler: Sampler | None, *, max_turns: int, max_len: int, turn_tokens: int,
-                 pad_id: int, width_buckets: Sequence[int] = WIDTH_BUCKETS):
+                 pad_id: int, success_threshold: float = 0.5, width_buckets: Sequence[int] = WIDTH_BUCKETS):
         self.env, self.task, self.prompt_ids, self.codec, self.sampler = env, task, prompt_ids, codec, sampler
         self.max_turns, self.max_len, self.turn_tokens, self.pad_id = max_turns, max_len, turn_tokens, pad_id
+        self.success_threshold = float(success_threshold)
         self.width_buckets = tuple(width_buckets)
         self.groups: dict[int, EnvGroup] = {}
 
@@ -57,7 +62,7 @@ class EnvRollouts:
         max_turns, turn_tokens, max_len = env_data.limits(session)
         return cls(resolve_env(session.cfg.data.env), tasks.__getitem__, session.prompt_ids,
                    TurnCodec(session.tokenizer), session.sampler, max_turns=max_turns, max_len=max_len, turn_tokens=turn_tokens,
-                   pad_id=session.tokenizer.pad_id)
+                   pad_id=session.tokenizer.pad_id, success_threshold=session.cfg.data.reward_threshold)
 
     # ------------------------------------------------------------------ a round
     def contexts(self, requests: Sequence[Request]) -> list[Start | None]:
@@ -90,23 +95,27 @@ class EnvRollouts:
         return [flat[lo:hi] for lo, hi in zip(bounds[:-1], bounds[1:])]
 
     def score(self, requests: Sequence[Request], rollouts: Sequence[list[Rollout]]) -> dict[str, np.ndarray]:
-        """The environment's final-state rewards (binarised at 0.5), episodes cut off by the turn limit or
-        the context length (``truncated``), each episode's length in assistant turns (replayed ones and a
-        final end-of-sequence included) and its error observations (malformed or failed actions)."""
+        """The environment's final-state rewards: ``score`` as they are, ``reward`` the allocator's success
+        bit (score >= ``success_threshold``); ``verifier_error`` where ``reward(task, state)`` raised or
+        was not a finite number (reward 0). Also episodes cut off by the turn limit or the context length
+        (``truncated``), each episode's length in assistant turns (replayed ones and a final
+        end-of-sequence included) and its error observations (malformed or failed actions)."""
         flat = [r for rs in rollouts for r in rs]
-        return {"reward": np.array([int(r.reward >= 0.5) for r in flat], np.int64),
+        scores = np.array([r.reward for r in flat], np.float32)
+        return {"reward": (scores >= self.success_threshold).astype(np.int64), "score": scores,
                 "truncated": np.array([r.ended in ("limit", "length") for r in flat], bool),
-                "verifier_error": np.zeros(len(flat), bool),
+                "verifier_error": np.array([r.episode.reward_error for r in flat], bool),
                 "turns": np.array([r.episode.turns + (r.ended == "quit") for r in flat], np.int64),
                 "action_errors": np.array([sum(t.error for t in r.turns) for r in flat], np.int64)}
 
     def record(self, requests: Sequence[Request], rollouts: Sequence[list[Rollout]],
                scores: dict[str, np.ndarray] | None = None) -> None:
-        """Keep each episode's turns (its reward is the success bit the allocator holds: ``TrainGroup.rewards``)."""
+        """Keep each episode's turns and its reward (the update trains on it, possibly in a later step)."""
         for req, rs in zip(requests, rollouts):
             g = self.groups[req.group_key]
             for j, r in enumerate(rs):
                 g.turns[req.first_index + j] = r.turns
+                g.rewards[req.first_index + j] = float(r.reward)
 
     # ------------------------------------------------------------------ after the rounds
     def batch(self, groups: Sequence[TrainGroup], rows: int) -> dict[str, np.ndarray]:
@@ -117,11 +126,13 @@ class EnvRollouts:
             g = self.groups[tg.group_key]
             if g.rejected:
                 raise ValueError(f"group {tg.group_key}: its replay was rejected, it has no trajectories to train on")
-            for i, reward in enumerate(tg.rewards):
+            for i, success in enumerate(tg.rewards):
                 ids, mask = trajectory_tokens(self.prompt_ids(g.prompt), g.prefix, g.turns[i])
                 seqs.append(ids)
                 masks.append(mask)
-                rewards.append(float(reward))
+                # The episode's reward, not the allocator's success bit (a checkpoint from before rewards
+                # were kept has only the bit).
+                rewards.append(g.rewards.get(i, float(success)))
                 gids.append(gi)
         return pack_rows(seqs, masks, rewards, gids, num_groups=len(groups), rows=rows,
                          width_buckets=self.width_buckets, pad_id=self.pad_id)
@@ -142,14 +153,16 @@ class EnvRollouts:
 
     def to_json(self) -> dict:
         return {str(k): {"prompt": g.prompt, "prefix": [t.to_json() for t in g.prefix], "rejected": g.rejected,
-                         "turns": {str(i): [t.to_json() for t in ts] for i, ts in g.turns.items()}}
+                         "turns": {str(i): [t.to_json() for t in ts] for i, ts in g.turns.items()},
+                         "rewards": {str(i): r for i, r in g.rewards.items()}}
                 for k, g in self.groups.items()}
 
     def load_json(self, data: dict) -> None:
-        """Inverse of :meth:`to_json` (a checkpoint's ``rewards`` from before they were dropped are ignored)."""
+        """Inverse of :meth:`to_json`."""
         self.groups = {int(k): EnvGroup(
             prompt=int(v["prompt"]), prefix=[Turn.from_json(t) for t in v["prefix"]], rejected=bool(v["rejected"]),
-            turns={int(i): [Turn.from_json(t) for t in ts] for i, ts in v["turns"].items()}) for k, v in data.items()}
+            turns={int(i): [Turn.from_json(t) for t in ts] for i, ts in v["turns"].items()},
+            rewards={int(i): float(r) for i, r in v.get("rewards", {}).items()}) for k, v in data.items()}
 
     # ------------------------------------------------------------------ the kind's other jobs
     def warm_start(self, session, progress: bool) -> dict | None:
