@@ -284,7 +284,8 @@ def _countdown_length(spec: CountdownLevel) -> tuple[int, int]:
 class Task:
     """A procedural task: per-level settings plus the functions that draw, solve, verify and bound it.
 
-    Levels are numbered from 1 (easiest) to ``len(levels)``.
+    Levels are numbered from ``first_level`` (1 unless the task was cut by :func:`task_with_levels`) to
+    ``first_level + len(levels) - 1``, so a level keeps its number in every restriction.
     """
     name: str
     levels: tuple
@@ -294,6 +295,7 @@ class Task:
     verify: Callable[[Problem, str], float]
     length_bound: Callable[[object], tuple[int, int]]
     heldout_fraction: float = 0.1
+    first_level: int = 1
 
     def __post_init__(self):
         if not 0.0 < self.heldout_fraction < 1.0:
@@ -301,13 +303,13 @@ class Task:
 
     @property
     def difficulty_levels(self) -> tuple[int, ...]:
-        return tuple(range(1, len(self.levels) + 1))
+        return tuple(range(self.first_level, self.first_level + len(self.levels)))
 
     def level_spec(self, level: int):
-        """The settings of ``level`` (1-based)."""
+        """The settings of ``level`` (numbered as in the full task)."""
         if level not in self.difficulty_levels:
             raise ValueError(f"level = {level}: {self.name} has levels {self.difficulty_levels}")
-        return self.levels[level - 1]
+        return self.levels[level - self.first_level]
 
     def prompt_text(self, problem: Problem) -> str:
         return problem.prompt
@@ -356,15 +358,19 @@ def countdown_task(levels: tuple[CountdownLevel, ...] = COUNTDOWN_LEVELS, heldou
 TASKS: dict[str, Task] = {"arithmetic": arithmetic_task(), "countdown": countdown_task()}
 
 
-def task_with_levels(name: str, max_level: int = 0) -> Task:
-    """Built-in task ``name`` restricted to its levels 1..``max_level`` (0: all). Verification does not
-    depend on the level set, so ``TASKS[name].verify`` scores the restricted task's problems too."""
+def task_with_levels(name: str, max_level: int = 0, min_level: int = 1) -> Task:
+    """Built-in task ``name`` restricted to its levels ``min_level``..``max_level`` (max_level 0: the
+    last), numbered as in the full task. Verification does not depend on the level set, so
+    ``TASKS[name].verify`` scores the restricted task's problems too."""
     task = TASKS[name]
-    if max_level == 0:
-        return task
-    if not 1 <= max_level <= len(task.levels):
+    top = max_level or len(task.levels)
+    if not 1 <= top <= len(task.levels):
         raise ValueError(f"max_level = {max_level}: {name} has levels 1..{len(task.levels)} (0: all)")
-    return dataclasses.replace(task, levels=task.levels[:max_level])
+    if not 1 <= min_level <= top:
+        raise ValueError(f"min_level = {min_level}: must be in [1, max_level = {top}]")
+    if (min_level, top) == (1, len(task.levels)):
+        return task
+    return dataclasses.replace(task, levels=task.levels[min_level - 1:top], first_level=min_level)
 
 
 def reference_solution(problem: Problem) -> str:
