@@ -26,7 +26,8 @@ class DataConfig:
     source: Literal["builtin", "jsonl", "parquet", "tfds", "env"] = option(
         "builtin", doc="builtin: procedural task; jsonl/parquet: local file at path; tfds: array_record TFDS dataset; "
                        "env: multi-turn environment data.env (sampling.max_new_tokens is then per assistant turn)")
-    task: Literal["arithmetic", "countdown"] = option("arithmetic", doc="built-in task (source builtin)")
+    task: Literal["arithmetic", "countdown", "columns"] = option(
+        "arithmetic", doc="built-in task (source builtin); columns: longer 2- to 5-digit column arithmetic")
     env: Literal["calculator", "files"] = option("calculator", doc="multi-turn environment (source env; "
                                                                    "passrate_jax/envs)")
     max_turns: int = option(0, ge=0, doc="source env: assistant turns before an episode is cut off (reward of its "
@@ -202,9 +203,9 @@ class Config:
             # from stored token ids only, so "False" would silently train against zero log-probabilities.
             raise ConfigError("rl.recompute_old_logprobs = False: the training loop recomputes the old "
                               "log-probabilities with the trainer (it does not carry the sampler's); set it to true")
-        if self.warm_start.misread_rate > 0 and (self.data.source, self.data.task) != ("builtin", "arithmetic"):
+        if self.warm_start.misread_rate > 0 and (self.data.source != "builtin" or self.data.task == "countdown"):
             raise ConfigError(f"warm_start.misread_rate = {self.warm_start.misread_rate}: misread demonstrations "
-                              f"need data.source builtin and data.task arithmetic (got {self.data.source}, "
+                              f"need data.source builtin and data.task arithmetic or columns (got {self.data.source}, "
                               f"{self.data.task})")
 
     def lr_schedule_note(self) -> str | None:

@@ -60,7 +60,8 @@ def evaluate(sampler: Sampler, params, prompts: Sequence[EvalPrompt], decode: Ca
 def summarise(correct, levels, successes=None, num_samples: int = 0, ks: Sequence[int] = (1,)) -> dict:
     """The result dict of an evaluation: greedy accuracy overall and per level from per-prompt ``correct``
     (0/1); with per-prompt ``successes`` out of ``num_samples``, the mean accuracy of the samples overall and
-    per level (``sampled_accuracy``: pass@1 estimated from all samples) and pass@k for each k <= ``num_samples``.
+    per level (``sampled_accuracy``: pass@1 estimated from all samples, ``sampled_accuracy_se`` its standard
+    error over prompts) and pass@k for each k <= ``num_samples``.
     ``per_prompt`` keeps the per-prompt arrays for :func:`paired_difference`."""
     correct, levels = np.asarray(correct, float), np.asarray(levels)
 
@@ -74,6 +75,7 @@ def summarise(correct, levels, successes=None, num_samples: int = 0, ks: Sequenc
     if successes is not None:
         rate = np.asarray(successes, float) / num_samples
         out["sampled_accuracy"] = float(rate.mean()) if len(rate) else float("nan")
+        out["sampled_accuracy_se"] = float(rate.std(ddof=1) / np.sqrt(len(rate))) if len(rate) > 1 else float("nan")
         out["sampled_accuracy_by_level"] = by_level(rate)
         for k in ks:
             if k <= num_samples:

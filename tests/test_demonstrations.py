@@ -127,3 +127,16 @@ def test_sft_batch_trains_on_the_misread_demonstrations():
         assert tok.decode(row[weights > 0]) == demonstration(p, spec, 0, i)  # eos is dropped by decode
     plain, _ = sft_batch("arithmetic", 0, 3, 16, tok, 72, 8, 2)
     assert (tokens != plain).any()
+
+
+def test_columns_task_has_long_multi_line_solutions_and_verifies_as_arithmetic():
+    cols = TASKS["columns"]
+    problems = [cols.sample(0, "train", i) for i in range(2000)]
+    lengths = [len(CharTokenizer().encode(reference_solution(p))) + 1 for p in problems]  # + eos
+    assert np.mean(lengths) >= 30  # the headroom regime's "responses average >= 30 tokens"
+    assert min(len(reference_solution(p).split("\n")) for p in problems) >= 3  # >= 2 column lines + answer
+    assert {p.level for p in problems} == set(range(1, 9))
+    for p in problems[:200]:
+        assert p.task == "arithmetic" and verify(p, reference_solution(p)) == 1.0
+        assert cols.split_of(p) == "train"
+    assert sum(p.carries == 0 for p in problems if p.level <= 3) == sum(p.level <= 3 for p in problems)

@@ -133,6 +133,21 @@ ARITHMETIC_LEVELS = (
     ArithmeticLevel(5, min_carries=3),
 )
 
+# Longer column problems for a regime where RL has room to learn (configs/headroom.yaml): every
+# response has 2-5 column lines (about 33 tokens on average), and no-carry levels that a small model
+# learns fully sit beside carry-heavy ones it rarely solves, so a group of 8 is often all right or all
+# wrong at the start of RL (DESIGN 2.2's saturated regime).
+COLUMN_LEVELS = (
+    ArithmeticLevel(2, max_carries=0),
+    ArithmeticLevel(3, max_carries=0),
+    ArithmeticLevel(4, max_carries=0),
+    ArithmeticLevel(3, min_carries=1),
+    ArithmeticLevel(3, op="-", min_carries=1),
+    ArithmeticLevel(4, min_carries=2),
+    ArithmeticLevel(3, operands=3),
+    ArithmeticLevel(5, min_carries=3),
+)
+
 
 def _addition_steps(numbers: tuple[int, ...]) -> tuple[list[str], int]:
     """Column lines of a column addition and the number of columns that carry."""
@@ -355,7 +370,13 @@ def countdown_task(levels: tuple[CountdownLevel, ...] = COUNTDOWN_LEVELS, heldou
                 verify_countdown, _countdown_length, heldout_fraction)
 
 
-TASKS: dict[str, Task] = {"arithmetic": arithmetic_task(), "countdown": countdown_task()}
+def columns_task(heldout_fraction: float = 0.1) -> Task:
+    """Column arithmetic on :data:`COLUMN_LEVELS` (2- to 5-digit). Its problems are ``arithmetic``
+    problems (``Problem.task``), so they are solved and verified exactly like those."""
+    return dataclasses.replace(arithmetic_task(COLUMN_LEVELS, heldout_fraction), name="columns")
+
+
+TASKS: dict[str, Task] = {"arithmetic": arithmetic_task(), "countdown": countdown_task(), "columns": columns_task()}
 
 
 def task_with_levels(name: str, max_level: int = 0, min_level: int = 1) -> Task:
