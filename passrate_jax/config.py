@@ -28,7 +28,8 @@ class DataConfig:
     source: Literal["builtin", "jsonl", "parquet", "tfds", "env"] = option(
         "builtin", doc="builtin: procedural task; jsonl/parquet: local file at path; tfds: array_record TFDS dataset; "
                        "env: multi-turn environment data.env (sampling.max_new_tokens is then per assistant turn)")
-    task: Literal["arithmetic", "countdown"] = option("arithmetic", doc="built-in task (source builtin)")
+    task: Literal["arithmetic", "countdown", "columns"] = option(
+        "arithmetic", doc="built-in task (source builtin); columns: longer 2- to 5-digit column arithmetic")
     env: str = option("calculator", doc="multi-turn environment (source env): calculator, files, or your own "
                                         "class 'path/to/file.py:ClassName' / 'package.module:ClassName' "
                                         "(protocol: passrate_jax/envs/base.py)")
@@ -37,6 +38,7 @@ class DataConfig:
     seed: int = option(0, ge=0, doc="seed of the epoch shuffles and of the built-in problems")
     level: int = option(0, ge=0, doc="built-in difficulty level; 0 draws one per problem")
     max_level: int = option(0, ge=0, doc="with level 0: draw levels 1..max_level (0: every level)")
+    min_level: int = option(1, ge=1, doc="builtin, with level 0: draw levels min_level..max_level")
     train_size: int = option(0, ge=0, doc="built-in: 0 = endless stream, else this many problems cycled in epochs")
     eval_size: int = option(256, ge=0, doc="held-out prompts per evaluation (the first K of the held-out split)")
     shuffle: bool = option(True, doc="reshuffle finite sources every epoch (seeded)")
@@ -96,6 +98,9 @@ class DataConfig:
                 if getattr(self, key) != 0:
                     raise ConfigError(f"{key} = {getattr(self, key)}: ignored by source {self.source} (it "
                                       f"applies to sources builtin and env); set data.{key}=0")
+        if self.min_level > 1 and (self.source != "builtin" or self.min_level > (self.max_level or levels)):
+            raise ConfigError(f"min_level = {self.min_level}: needs source builtin and min_level <= max_level "
+                              f"(here {self.max_level or levels})")
         if self.source in ("jsonl", "parquet") and not self.path:
             raise ConfigError(f"path = '': source {self.source} needs a file")
         if self.source == "tfds" and not self.tfds_name:
@@ -184,6 +189,10 @@ class WarmStartConfig:
     warmup_steps: int = option(20, ge=0)
     max_len: int = option(128, ge=8, doc="tokens per training sequence (prompt + solution + eos)")
     cache_dir: str | None = option(None, doc="None: $PASSRATE_JAX_CACHE or ~/.cache/passrate-jax")
+    misread_rate: float = option(0.0, ge=0, le=1, doc="fraction of arithmetic demonstrations (at levels >= "
+                                 "misread_min_level) that solve the problem with one operand digit misread "
+                                 "(passrate_jax/data/demonstrations.py): a warm start with high pass@8, low pass@1")
+    misread_min_level: int = option(1, ge=1, doc="levels below keep clean demonstrations")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -214,6 +223,10 @@ class Config:
             # from stored token ids only, so "False" would silently train against zero log-probabilities.
             raise ConfigError("rl.recompute_old_logprobs = False: the training loop recomputes the old "
                               "log-probabilities with the trainer (it does not carry the sampler's); set it to true")
+        if self.warm_start.misread_rate > 0 and (self.data.source != "builtin" or self.data.task == "countdown"):
+            raise ConfigError(f"warm_start.misread_rate = {self.warm_start.misread_rate}: misread demonstrations "
+                              f"need data.source builtin and data.task arithmetic or columns (got {self.data.source}, "
+                              f"{self.data.task})")
 
     def lr_schedule_note(self) -> str | None:
         """A warning when the learning-rate schedule ends before the run does: warm-up and decay count

@@ -22,7 +22,8 @@ from flax import nnx
 from passrate_jax.config import Config, WarmStartConfig
 from passrate_jax.configlib import to_dict
 from passrate_jax.distributed import is_primary, to_host
-from passrate_jax.data.tasks import reference_solution, task_with_levels
+from passrate_jax.data.demonstrations import NO_MISREADS, Misreads, demonstration
+from passrate_jax.data.tasks import task_with_levels
 from passrate_jax.rl.losses import token_logprobs
 
 
@@ -46,11 +47,14 @@ def pack_example(ids, mask, max_len: int, pad_id: int, what: str = "") -> tuple[
     return tokens, weights
 
 
-def sft_batch(task_name: str, seed: int, step: int, batch_size: int, tokenizer, max_len: int, max_level: int = 0):
-    """The training batch of ``step``: a pure function of (seed, step), so a warm start is reproducible."""
-    task = task_with_levels(task_name, max_level)
-    rows = [encode_example(tokenizer, p.prompt, reference_solution(p), max_len)
-            for p in (task.sample(seed, "train", step * batch_size + i) for i in range(batch_size))]
+def sft_batch(task_name: str, seed: int, step: int, batch_size: int, tokenizer, max_len: int, max_level: int = 0,
+              min_level: int = 1, misreads: Misreads = NO_MISREADS):
+    """The training batch of ``step``: a pure function of (seed, step), so a warm start is reproducible.
+    ``misreads``: the share of demonstrations that solve a misread problem (data/demonstrations.py)."""
+    task = task_with_levels(task_name, max_level, min_level)
+    indices = range(step * batch_size, (step + 1) * batch_size)
+    rows = [encode_example(tokenizer, p.prompt, demonstration(p, misreads, seed, i), max_len)
+            for i, p in ((i, task.sample(seed, "train", i)) for i in indices)]
     return np.stack([r[0] for r in rows]), np.stack([r[1] for r in rows])
 
 
@@ -73,9 +77,15 @@ def make_sft_step(graphdef, optimizer: optax.GradientTransformation):
 def cache_key(cfg: Config, extra: dict | None = None) -> str:
     """Hash of everything that determines the warm-start result (not its cache location); ``extra``: what
     else determines the batches of a caller's own ``batches`` (e.g. an environment's settings)."""
-    ws = dataclasses.replace(cfg.warm_start, cache_dir=None)
-    data = {"model": to_dict(cfg.model), "warm_start": to_dict(ws), "task": cfg.data.task,
+    ws = to_dict(dataclasses.replace(cfg.warm_start, cache_dir=None))
+    data = {"model": to_dict(cfg.model), "warm_start": ws, "task": cfg.data.task,
             "max_level": cfg.data.max_level, "seed": cfg.seed, "version": 1, **(extra or {})}
+    # The demonstration options enter the hash only when set, so warm starts cached before they existed stay valid.
+    if ws.pop("misread_rate") > 0:
+        data.update(misread_rate=cfg.warm_start.misread_rate, misread_min_level=ws["misread_min_level"])
+    ws.pop("misread_min_level")
+    if cfg.data.min_level > 1:
+        data.update(min_level=cfg.data.min_level)
     blob = json.dumps(data, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -129,7 +139,8 @@ def run_warm_start(cfg: Config, model: nnx.Module, tokenizer, *, progress: bool 
     loss = None
     for step in range(ws.steps):
         tokens, mask = batches(step) if batches is not None else sft_batch(
-            cfg.data.task, cfg.seed, step, ws.batch_size, tokenizer, ws.max_len, cfg.data.max_level)
+            cfg.data.task, cfg.seed, step, ws.batch_size, tokenizer, ws.max_len, cfg.data.max_level,
+            cfg.data.min_level, Misreads(ws.misread_rate, ws.misread_min_level))
         params, opt_state, loss = step_fn(params, opt_state, tokens, mask)
         if bar is not None:
             bar.update(1)

@@ -108,6 +108,8 @@ def eval_metrics(session: Session, params, cfg: Config) -> dict:
         if key in ev:
             out[name] = ev[key]
             out.update({f"{name}/level_{k}": v for k, v in ev[f"{key}_by_level"].items()})
+    if "sampled_accuracy_se" in ev:  # so a rise can be read against its noise from metrics.jsonl alone
+        out["eval_sampled_accuracy_se"] = ev["sampled_accuracy_se"]
     return out
 
 

@@ -34,6 +34,8 @@ def test_paired_difference_counts_fixed_and_broken_prompts_and_the_sampled_shift
     before = summarise([1, 0, 0, 1, 0], levels, successes=[4, 0, 1, 2, 0], num_samples=4)
     after = summarise([1, 1, 1, 0, 0], levels, successes=[4, 2, 3, 1, 0], num_samples=4)
     assert before["sampled_accuracy"] == pytest.approx(7 / 20)
+    rate = np.array([4, 0, 1, 2, 0]) / 4
+    assert before["sampled_accuracy_se"] == pytest.approx(rate.std(ddof=1) / np.sqrt(5))
     assert after["sampled_accuracy_by_level"] == {1: pytest.approx(6 / 8), 2: pytest.approx(4 / 12)}
     diff = paired_difference(before, after)
     assert (diff["fixed"], diff["broken"]) == (2, 1)

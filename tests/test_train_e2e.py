@@ -141,6 +141,7 @@ def test_eval_cli_reproduces_final_eval(tmp_path, fake_verifier, capsys):
     assert result["accuracy"] == final["eval_accuracy"] and 0 < result["accuracy"] < 1
     assert 0 <= result["pass@1"] <= result["pass@2"] <= 1
     assert result["sampled_accuracy"] == result["pass@1"] == final["eval_sampled_accuracy"]
+    assert result["sampled_accuracy_se"] == final["eval_sampled_accuracy_se"] > 0
     levels = {k.split("/")[-1] for k in final if k.startswith("eval_sampled_accuracy/level_")}
     assert levels and levels == {k.split("/")[-1] for k in final if k.startswith("eval_accuracy/level_")}
 

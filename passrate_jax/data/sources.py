@@ -280,11 +280,12 @@ class PromptSource:
 
 
 def builtin_source(task: str, *, seed: int = 0, level: int | None = None, train_size: int = 0,
-                   shuffle: bool = True, default_heldout: int = 256, max_level: int = 0) -> PromptSource:
+                   shuffle: bool = True, default_heldout: int = 256, max_level: int = 0,
+                   min_level: int = 1) -> PromptSource:
     """The built-in procedural ``task``: an endless train stream, or with ``train_size`` > 0 a fixed
     pool of its first ``train_size`` train problems visited in epochs (so prompts recur, which
     predictive selection needs). Held-out: the first K problems of the task's held-out split."""
-    t = task_with_levels(task, max_level)
+    t = task_with_levels(task, max_level, min_level)
 
     def get(i: int) -> PromptRecord:
         return builtin_record(t.sample(seed, "train", i, level))

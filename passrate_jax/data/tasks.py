@@ -133,6 +133,21 @@ ARITHMETIC_LEVELS = (
     ArithmeticLevel(5, min_carries=3),
 )
 
+# Longer column problems for a regime where RL has room to learn (configs/headroom.yaml): every
+# response has 2-5 column lines (about 33 tokens on average), and no-carry levels that a small model
+# learns fully sit beside carry-heavy ones it rarely solves, so a group of 8 is often all right or all
+# wrong at the start of RL (DESIGN 2.2's saturated regime).
+COLUMN_LEVELS = (
+    ArithmeticLevel(2, max_carries=0),
+    ArithmeticLevel(3, max_carries=0),
+    ArithmeticLevel(4, max_carries=0),
+    ArithmeticLevel(3, min_carries=1),
+    ArithmeticLevel(3, op="-", min_carries=1),
+    ArithmeticLevel(4, min_carries=2),
+    ArithmeticLevel(3, operands=3),
+    ArithmeticLevel(5, min_carries=3),
+)
+
 
 def _addition_steps(numbers: tuple[int, ...]) -> tuple[list[str], int]:
     """Column lines of a column addition and the number of columns that carry."""
@@ -284,7 +299,8 @@ def _countdown_length(spec: CountdownLevel) -> tuple[int, int]:
 class Task:
     """A procedural task: per-level settings plus the functions that draw, solve, verify and bound it.
 
-    Levels are numbered from 1 (easiest) to ``len(levels)``.
+    Levels are numbered from ``first_level`` (1 unless the task was cut by :func:`task_with_levels`) to
+    ``first_level + len(levels) - 1``, so a level keeps its number in every restriction.
     """
     name: str
     levels: tuple
@@ -294,6 +310,7 @@ class Task:
     verify: Callable[[Problem, str], float]
     length_bound: Callable[[object], tuple[int, int]]
     heldout_fraction: float = 0.1
+    first_level: int = 1
 
     def __post_init__(self):
         if not 0.0 < self.heldout_fraction < 1.0:
@@ -301,13 +318,13 @@ class Task:
 
     @property
     def difficulty_levels(self) -> tuple[int, ...]:
-        return tuple(range(1, len(self.levels) + 1))
+        return tuple(range(self.first_level, self.first_level + len(self.levels)))
 
     def level_spec(self, level: int):
-        """The settings of ``level`` (1-based)."""
+        """The settings of ``level`` (numbered as in the full task)."""
         if level not in self.difficulty_levels:
             raise ValueError(f"level = {level}: {self.name} has levels {self.difficulty_levels}")
-        return self.levels[level - 1]
+        return self.levels[level - self.first_level]
 
     def prompt_text(self, problem: Problem) -> str:
         return problem.prompt
@@ -353,18 +370,28 @@ def countdown_task(levels: tuple[CountdownLevel, ...] = COUNTDOWN_LEVELS, heldou
                 verify_countdown, _countdown_length, heldout_fraction)
 
 
-TASKS: dict[str, Task] = {"arithmetic": arithmetic_task(), "countdown": countdown_task()}
+def columns_task(heldout_fraction: float = 0.1) -> Task:
+    """Column arithmetic on :data:`COLUMN_LEVELS` (2- to 5-digit). Its problems are ``arithmetic``
+    problems (``Problem.task``), so they are solved and verified exactly like those."""
+    return dataclasses.replace(arithmetic_task(COLUMN_LEVELS, heldout_fraction), name="columns")
 
 
-def task_with_levels(name: str, max_level: int = 0) -> Task:
-    """Built-in task ``name`` restricted to its levels 1..``max_level`` (0: all). Verification does not
-    depend on the level set, so ``TASKS[name].verify`` scores the restricted task's problems too."""
+TASKS: dict[str, Task] = {"arithmetic": arithmetic_task(), "countdown": countdown_task(), "columns": columns_task()}
+
+
+def task_with_levels(name: str, max_level: int = 0, min_level: int = 1) -> Task:
+    """Built-in task ``name`` restricted to its levels ``min_level``..``max_level`` (max_level 0: the
+    last), numbered as in the full task. Verification does not depend on the level set, so
+    ``TASKS[name].verify`` scores the restricted task's problems too."""
     task = TASKS[name]
-    if max_level == 0:
-        return task
-    if not 1 <= max_level <= len(task.levels):
+    top = max_level or len(task.levels)
+    if not 1 <= top <= len(task.levels):
         raise ValueError(f"max_level = {max_level}: {name} has levels 1..{len(task.levels)} (0: all)")
-    return dataclasses.replace(task, levels=task.levels[:max_level])
+    if not 1 <= min_level <= top:
+        raise ValueError(f"min_level = {min_level}: must be in [1, max_level = {top}]")
+    if (min_level, top) == (1, len(task.levels)):
+        return task
+    return dataclasses.replace(task, levels=task.levels[min_level - 1:top], first_level=min_level)
 
 
 def reference_solution(problem: Problem) -> str:

@@ -1,0 +1,142 @@
+"""Misread warm-start demonstrations: consistent with the misreading, wrong for the true problem, at the
+configured rate and levels; and the level window (data.min_level) that the headroom regime uses."""
+
+import dataclasses
+import hashlib
+import json
+import random
+
+import numpy as np
+import pytest
+
+from passrate_jax.config import Config, ConfigError, load_config
+from passrate_jax.configlib import to_dict
+from passrate_jax.data.demonstrations import Misreads, demonstration, misread
+from passrate_jax.data.tasks import TASKS, reference_solution, task_with_levels, verify
+from passrate_jax.sft import cache_key, sft_batch
+from passrate_jax.tokenizer import CharTokenizer
+
+ARITH = TASKS["arithmetic"]
+
+
+def _digits_changed(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+    return sum(x != y for m, n in zip(a, b) for x, y in zip(str(m), str(n)))
+
+
+@pytest.mark.parametrize("level", ARITH.difficulty_levels)
+def test_misread_changes_one_digit_and_its_solution_is_consistent_but_wrong(level):
+    for i in range(60):
+        p = ARITH.sample(0, "train", i, level=level)
+        m = misread(p, random.Random(i))
+        # One operand digit read wrongly, every operand's width (so the column count) kept.
+        assert (m.op, m.level, len(m.numbers)) == (p.op, p.level, len(p.numbers))
+        assert [len(str(n)) for n in m.numbers] == [len(str(n)) for n in p.numbers]
+        assert _digits_changed(p.numbers, m.numbers) == 1
+        assert m.prompt == m.op.join(map(str, m.numbers)) + "\n"
+        if m.op == "-":
+            assert m.numbers[0] >= m.numbers[1] and m.target == m.numbers[0] - m.numbers[1]
+        else:
+            assert m.target == sum(m.numbers)
+        text = reference_solution(m)
+        # Working and answer match the misread problem; the real verifier scores them wrong on the true one.
+        assert verify(m, text) == 1.0 and text.endswith(f"=> {m.target}")
+        assert verify(p, text) == 0.0
+
+
+def test_misread_draws_every_digit_position():
+    p = ARITH.sample(0, "train", 0, level=7)  # three 3-digit operands: nine positions
+    seen = {(i, j) for k in range(600) for m in [misread(p, random.Random(k))]
+            for i, (a, b) in enumerate(zip(p.numbers, m.numbers)) for j in range(3) if str(a)[j] != str(b)[j]}
+    assert len(seen) == 9
+
+
+@pytest.mark.parametrize("rate, min_level", [(0.3, 3), (0.5, 1), (1.0, 5)])
+def test_demonstrations_misread_at_the_configured_rate_and_levels(rate, min_level):
+    spec = Misreads(rate, min_level)
+    wrong = {True: 0, False: 0}
+    count = {True: 0, False: 0}
+    for i in range(3000):
+        p = ARITH.sample(1, "train", i)
+        text = demonstration(p, spec, seed=1, index=i)
+        assert text == demonstration(p, spec, seed=1, index=i)  # a pure function
+        lines = text.split("\n")
+        assert len(lines) == len(reference_solution(p).split("\n"))
+        corrupted = verify(p, text) == 0.0
+        if corrupted:  # still correct working: every column line is a true equation, only the answer differs
+            assert verify(dataclasses.replace(p, target=int(lines[-1][3:])), text) == 1.0
+        eligible = p.level >= min_level
+        count[eligible] += 1
+        wrong[eligible] += corrupted
+    assert wrong[False] == 0
+    n = count[True]
+    assert abs(wrong[True] / n - rate) <= 4 * np.sqrt(rate * (1 - rate) / n) + 1e-9
+
+
+def test_rate_zero_gives_the_reference_solutions():
+    for i in range(200):
+        p = ARITH.sample(0, "train", i)
+        assert demonstration(p, Misreads(), 0, i) == reference_solution(p)
+
+
+def test_bad_misread_settings_fail_loudly():
+    with pytest.raises(ValueError, match="misread_rate = 1.5"):
+        Misreads(1.5)
+    with pytest.raises(ValueError, match="misread_min_level = 0"):
+        Misreads(0.5, 0)
+    with pytest.raises(ValueError, match="arithmetic only"):
+        misread(TASKS["countdown"].sample(0, "train", 0), random.Random(0))
+    with pytest.raises(ConfigError, match="warm_start.misread_rate = 0.5"):
+        load_config(None, ["warm_start.misread_rate=0.5", "data.task=countdown"])
+
+
+def test_level_window_keeps_level_numbers():
+    t = task_with_levels("arithmetic", max_level=8, min_level=3)
+    assert t.difficulty_levels == (3, 4, 5, 6, 7, 8)
+    levels = {t.sample(0, "heldout", i).level for i in range(300)}
+    assert levels == set(range(3, 9))
+    p = t.sample(0, "train", 4, level=5)
+    assert p == ARITH.sample(0, "train", 4, level=5)  # a level's problems do not depend on the window
+    assert task_with_levels("arithmetic") is ARITH
+    with pytest.raises(ValueError, match="min_level = 7"):
+        task_with_levels("arithmetic", max_level=6, min_level=7)
+    with pytest.raises(ConfigError, match="min_level = 7"):
+        load_config(None, ["data.max_level=6", "data.min_level=7"])
+
+
+def test_warm_start_cache_key_is_unchanged_by_default_and_follows_the_options():
+    cfg = Config()
+    legacy = {"model": to_dict(cfg.model), "task": "arithmetic", "max_level": 0, "seed": 0, "version": 1,
+              "warm_start": {k: v for k, v in to_dict(dataclasses.replace(cfg.warm_start, cache_dir=None)).items()
+                             if not k.startswith("misread")}}
+    # Warm starts cached before these options existed stay valid.
+    assert cache_key(cfg) == hashlib.sha256(json.dumps(legacy, sort_keys=True).encode()).hexdigest()[:16]
+    keys = {cache_key(load_config(None, o)) for o in (
+        [], ["warm_start.misread_rate=0.5"], ["warm_start.misread_rate=0.5", "warm_start.misread_min_level=3"],
+        ["data.min_level=2"])}
+    assert len(keys) == 4
+    assert cache_key(load_config(None, ["warm_start.misread_min_level=3"])) == cache_key(cfg)
+
+
+def test_sft_batch_trains_on_the_misread_demonstrations():
+    tok = CharTokenizer()
+    spec = Misreads(0.5, 2)
+    tokens, mask = sft_batch("arithmetic", 0, 3, 16, tok, 72, 8, 2, spec)
+    task = task_with_levels("arithmetic", 8, 2)
+    for row, weights, i in zip(tokens, mask, range(48, 64)):
+        p = task.sample(0, "train", i)
+        assert tok.decode(row[weights > 0]) == demonstration(p, spec, 0, i)  # eos is dropped by decode
+    plain, _ = sft_batch("arithmetic", 0, 3, 16, tok, 72, 8, 2)
+    assert (tokens != plain).any()
+
+
+def test_columns_task_has_long_multi_line_solutions_and_verifies_as_arithmetic():
+    cols = TASKS["columns"]
+    problems = [cols.sample(0, "train", i) for i in range(2000)]
+    lengths = [len(CharTokenizer().encode(reference_solution(p))) + 1 for p in problems]  # + eos
+    assert np.mean(lengths) >= 30  # the headroom regime's "responses average >= 30 tokens"
+    assert min(len(reference_solution(p).split("\n")) for p in problems) >= 3  # >= 2 column lines + answer
+    assert {p.level for p in problems} == set(range(1, 9))
+    for p in problems[:200]:
+        assert p.task == "arithmetic" and verify(p, reference_solution(p)) == 1.0
+        assert cols.split_of(p) == "train"
+    assert sum(p.carries == 0 for p in problems if p.level <= 3) == sum(p.level <= 3 for p in problems)
