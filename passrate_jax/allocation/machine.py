@@ -23,7 +23,7 @@ from passrate_jax.allocation.policies import Knobs, Setup, budget_left
 from passrate_jax.allocation.prefix_control import plan_replays, prefix_control_update
 from passrate_jax.allocation.selection import selection_update
 from passrate_jax.allocation.table import (BUFFERED, CONFIRMED, DROPPED, FREE, REJECTED, TRAINED, StepTable, afford,
-                                           open_fresh, pending, split_rng, successes, table_init,
+                                           draw_thompson, open_fresh, pending, split_rng, successes, table_init,
                                            take_rows)
 
 
@@ -33,6 +33,7 @@ def begin_step(setup: Setup, knobs: Knobs, state):
     rng, step_rng = jax.random.split(state.key)
     state = state.replace(key=rng)
     t = table_init(setup.capacity, setup.N, setup.num_buckets, state.next_group_key, state.evicted, step_rng)
+    t = draw_thompson(t, state.selection, knobs.selection)
     q = state.surplus  # empty unless the method is ideal DS
     k = jnp.where(knobs.keep_surplus, setup.B, 0)
     t, q, _, _ = take_rows(t, q, k, q.stamp.astype(jnp.float32), CONFIRMED, lambda n: 0 * n, carried=True)
