@@ -23,28 +23,35 @@ from passrate_jax.allocation.policies import Knobs, Setup, budget_left
 from passrate_jax.allocation.prefix_control import plan_replays, prefix_control_update
 from passrate_jax.allocation.selection import selection_update
 from passrate_jax.allocation.table import (BUFFERED, CONFIRMED, DROPPED, FREE, REJECTED, TRAINED, StepTable, afford,
-                                           pending, split_rng, successes, table_init, take_rows)
+                                           draw_thompson, open_fresh, pending, split_rng, successes, table_init,
+                                           take_rows)
 
 
 def begin_step(setup: Setup, knobs: Knobs, state):
-    """A fresh table for the step; ideal DS's surplus from the last step is trained first."""
+    """A fresh table for the step; ideal DS's surplus from the last step is trained first, then Prefix
+    Sampling's re-rollout groups are opened (requested in the first round)."""
     rng, step_rng = jax.random.split(state.key)
     state = state.replace(key=rng)
     t = table_init(setup.capacity, setup.N, setup.num_buckets, state.next_group_key, state.evicted, step_rng)
+    t = draw_thompson(t, state.selection, knobs.selection)
     q = state.surplus  # empty unless the method is ideal DS
     k = jnp.where(knobs.keep_surplus, setup.B, 0)
     t, q, _, _ = take_rows(t, q, k, q.stamp.astype(jnp.float32), CONFIRMED, lambda n: 0 * n, carried=True)
-    t = _complete(setup, t, pending(t) & t.carried)
-    return state.replace(surplus=q), t
+    t = _complete(setup, knobs, t, pending(t) & t.carried)
+    # Opened here, once a step, rather than tested for in every round.
+    return _open_replays(setup, knobs, state.replace(surplus=q), t,
+                         jnp.where(knobs.ps_on & (t.trained < setup.B), setup.replay_slots, 0))
 
 
 def plan_round(setup: Setup, knobs: Knobs, state, t: StepTable):
-    """Plan the next round: PS re-rollout groups in round 0, then the policy's requests. Sets ``done``
-    when there is nothing to request (B groups trained, round limit, budget, no prompts left)."""
-    go = ~t.done & (t.trained < setup.B) & (t.rounds < setup.policy.max_rounds(setup))
-    state, t = _open_replays(setup, knobs, state, t,
-                             jnp.where(knobs.ps_on & go & (t.rounds == 0), setup.replay_slots, 0))
-    planned_state, planned = setup.policy.plan(setup, knobs, state, t)
+    """Plan the next round: the policy's requests (PS re-rollout groups, opened by
+    :func:`begin_step`, go in the first). Sets ``done`` when there is nothing to request (B groups
+    trained, round limit, budget, no prompts left)."""
+    go = ~t.done & (t.trained < setup.B) & (t.rounds < knobs.max_rounds)
+    planned_state, planned, op = setup.policy.plan(setup, knobs, state, t)
+    # The prompts are chosen here, once for every policy (the selection is the costly part to compile).
+    planned = open_fresh(planned, state.selection, planned_state.pilot_buffer, setup.cfg, knobs.selection, op.k,
+                         setup.max_open, op.status, op.chunk, pilot=op.pilot)
     # Within a step a policy changes only the queues and the table; selecting just those keeps the
     # (large, per-prompt) selection models out of every round's copies.
     queues = lambda st: (st.pilot_buffer, st.replay_queue, st.surplus)  # noqa: E731
@@ -96,16 +103,16 @@ def observe_round(setup: Setup, knobs: Knobs, state, t: StepTable, rewards, obse
                   replay_rollouts=t.replay_rollouts.at[jnp.where(is_replay, t.bucket, drop)].add(
                       jnp.sum(new, axis=1).astype(jnp.float32), mode="drop"))
     completed = fresh & pending(t) & (t.n >= setup.N)
-    t = _complete(setup, t, completed)
+    t = _complete(setup, knobs, t, completed)
     state, t = setup.policy.decide(setup, knobs, state, t, fresh & ~completed, completed)
     return state, t
 
 
-def _complete(setup: Setup, t: StepTable, rows):
+def _complete(setup: Setup, knobs: Knobs, t: StepTable, rows):
     """Rows that reached N rollouts: trained (in row order) while fewer than B are, if valid or the
     method trains saturated groups; dropped otherwise."""
     s = successes(t)
-    keep = rows & (((s > 0) & (s < t.n)) | setup.policy.trains_saturated)
+    keep = rows & (((s > 0) & (s < t.n)) | knobs.train_saturated)
     rank = t.trained + jnp.cumsum(keep) - 1
     train = keep & (rank < setup.B)
     status = jnp.where(train, TRAINED, jnp.where(rows, DROPPED, t.status))

@@ -10,6 +10,7 @@ arguments, so each method compiles once and never tests a method name inside a r
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Protocol
 
 import jax
@@ -23,7 +24,7 @@ from passrate_jax.allocation.prefix_control import ControllerGains, controller_g
 from passrate_jax.allocation.sara import ABANDON, CONFIRM, sara_rule
 from passrate_jax.allocation.selection import METHODS
 from passrate_jax.allocation.table import (ABANDONED, ACTIVE, BUFFERED, CONFIRMED, DROPPED, StepTable, afford,
-                                           open_fresh, pending, successes, take_rows)
+                                           pending, successes, take_rows)
 
 UNBOUNDED = 1 << 30  # a rollout budget no step reaches (int32-safe)
 
@@ -34,10 +35,12 @@ class Knobs:
 
     tau_confirm, tau_abandon: SARA thresholds, float32 scalars. schedule: SARA probe sizes, int32 [L].
     gains: the Prefix Sampling controller's target, deadzone, step and EMA decay.
-    The composition's switches are knobs too, so compositions that share a policy share one compile:
+    The composition's switches are knobs too, so compositions that share a setup share one compile:
     selection: int32, index into ``selection.METHODS``; ps_on: bool, Prefix Sampling on; budget: int32,
     rollouts a step may request (SARA's fill and fixed-budget modes differ only here); keep_surplus:
-    bool, ideal DS.
+    bool, ideal DS; policy: int32, index into :data:`POLICIES` (read only by a :class:`Family` setup,
+    which runs every method in one compile); max_rounds: int32, rounds per step; train_saturated:
+    bool, saturated complete groups are trained (GRPO) rather than dropped.
     """
     tau_confirm: jax.Array
     tau_abandon: jax.Array
@@ -47,6 +50,9 @@ class Knobs:
     ps_on: jax.Array
     budget: jax.Array
     keep_surplus: jax.Array
+    policy: jax.Array
+    max_rounds: jax.Array
+    train_saturated: jax.Array
 
 
 def knobs_from_config(cfg: AllocationConfig, ps: PrefixSamplingConfig) -> Knobs:
@@ -56,7 +62,9 @@ def knobs_from_config(cfg: AllocationConfig, ps: PrefixSamplingConfig) -> Knobs:
     return Knobs(tau_confirm=jnp.float32(cfg.sara.tau_confirm), tau_abandon=jnp.float32(cfg.sara.tau_abandon),
                  schedule=jnp.asarray(cfg.sara.round_schedule, jnp.int32), gains=controller_gains(ps),
                  selection=jnp.int32(METHODS.index(cfg.selection.method)), ps_on=jnp.asarray(ps.enabled),
-                 budget=jnp.int32(min(budget, UNBOUNDED)), keep_surplus=jnp.asarray(cfg.ds.keep_surplus))
+                 budget=jnp.int32(min(budget, UNBOUNDED)), keep_surplus=jnp.asarray(cfg.ds.keep_surplus),
+                 policy=jnp.int32(list(POLICIES).index(cfg.method)), max_rounds=jnp.int32(policy.max_rounds(cfg)),
+                 train_saturated=jnp.asarray(policy.trains_saturated))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,16 +100,38 @@ class Setup:
         """Table rows: the most groups one step can open."""
         return self.policy.capacity(self) + self.replay_slots
 
+    @property
+    def max_open(self) -> int:
+        """The most fresh prompts one round opens (the selection's static output size)."""
+        return self.policy.max_open(self)
+
+
+@struct.dataclass
+class Opening:
+    """Fresh prompts a round opens: ``k`` (int32, at most the policy's ``max_open``) new rows with this
+    status, first request ``chunk`` and ``pilot`` flag. The machine chooses the prompts (the selection
+    method's part), so one selection serves every policy."""
+    k: jax.Array
+    status: jax.Array
+    chunk: jax.Array
+    pilot: jax.Array
+
+    @classmethod
+    def of(cls, k, status, chunk, pilot=False) -> Opening:
+        return cls(jnp.asarray(k, jnp.int32), jnp.int32(status), jnp.asarray(chunk, jnp.int32), jnp.asarray(pilot))
+
 
 class Policy(Protocol):
-    """One allocation method. ``plan`` sets ``chunk`` > 0 on the rows to request this round (opening
-    rows as needed); ``decide`` updates rows just observed that are still unfinished (``fresh``, bool
-    [G]) and rows that just completed (``completed``). Both are pure; the machine jits them."""
+    """One allocation method. ``plan`` sets ``chunk`` > 0 on the rows to request this round and says
+    how many fresh prompts to open (an :class:`Opening`); ``decide`` updates rows just observed that
+    are still unfinished (``fresh``, bool [G]) and rows that just completed (``completed``). Both are
+    pure; the machine jits them. ``trains_saturated`` and ``max_rounds`` become knobs."""
     trains_saturated: bool
 
     def default_budget(self, cfg: AllocationConfig) -> int: ...
     def capacity(self, setup: Setup) -> int: ...
-    def max_rounds(self, setup: Setup) -> int: ...
+    def max_open(self, setup: Setup) -> int: ...
+    def max_rounds(self, cfg: AllocationConfig) -> int: ...
     def plan(self, setup: Setup, knobs: Knobs, state, t: StepTable) -> tuple: ...
     def decide(self, setup: Setup, knobs: Knobs, state, t: StepTable, fresh, completed) -> tuple: ...
 
@@ -131,14 +161,15 @@ class Uniform:
     def capacity(self, setup):
         return setup.B
 
-    def max_rounds(self, setup):
+    def max_rounds(self, cfg):
         return 1
+
+    def max_open(self, setup):
+        return setup.B
 
     def plan(self, setup, knobs, state, t):
         k = jnp.minimum(slots(setup, t), afford(budget_left(knobs, t), setup.N))
-        t = open_fresh(t, state.selection, state.pilot_buffer, setup.cfg, knobs.selection, k, setup.B, CONFIRMED,
-                       setup.N)
-        return state, t
+        return state, t, Opening.of(k, CONFIRMED, setup.N)
 
     decide = staticmethod(_no_decision)
 
@@ -156,15 +187,16 @@ class DynamicSampling:
         ds = setup.cfg.ds
         return ds.gen_batch_multiple * setup.B * ds.max_gen_batches + setup.B
 
-    def max_rounds(self, setup):
-        return setup.cfg.ds.max_gen_batches
+    def max_rounds(self, cfg):
+        return cfg.ds.max_gen_batches
+
+    def max_open(self, setup):
+        return setup.cfg.ds.gen_batch_multiple * setup.B
 
     def plan(self, setup, knobs, state, t):
         # DAPO's reference code draws a full generation batch whatever is still missing.
-        width = setup.cfg.ds.gen_batch_multiple * setup.B
-        k = jnp.minimum(width, afford(budget_left(knobs, t), setup.N))
-        t = open_fresh(t, state.selection, state.pilot_buffer, setup.cfg, knobs.selection, k, width, CONFIRMED, setup.N)
-        return state, t
+        k = jnp.minimum(self.max_open(setup), afford(budget_left(knobs, t), setup.N))
+        return state, t, Opening.of(k, CONFIRMED, setup.N)
 
     def decide(self, setup, knobs, state, t, fresh, completed):
         s = successes(t)
@@ -193,16 +225,17 @@ class Sara:
         by_rounds = setup.B * setup.cfg.sara.max_rounds
         return min(setup.num_prompts, setup.max_budget // first, by_rounds)
 
-    def max_rounds(self, setup):
-        return setup.cfg.sara.max_rounds
+    def max_rounds(self, cfg):
+        return cfg.sara.max_rounds
+
+    def max_open(self, setup):
+        return setup.B
 
     def plan(self, setup, knobs, state, t):
         own = pending(t) & (t.bucket < 0)
         future = jnp.sum(jnp.where(own, setup.N - t.n - t.chunk, 0))
         k = jnp.minimum(slots(setup, t), afford(budget_left(knobs, t) - future, setup.N))
-        first = jnp.clip(knobs.schedule[0], 1, setup.N)
-        t = open_fresh(t, state.selection, state.pilot_buffer, setup.cfg, knobs.selection, k, setup.B, ACTIVE, first)
-        return state, t
+        return state, t, Opening.of(k, ACTIVE, jnp.clip(knobs.schedule[0], 1, setup.N))
 
     def decide(self, setup, knobs, state, t, fresh, completed):
         rows = fresh & (t.status == ACTIVE)
@@ -227,8 +260,8 @@ class PilotCommit:
         pcfg = setup.cfg.pilot_commit
         return pcfg.max_rounds * (pcfg.pilot_pool_ratio + 1) * setup.B
 
-    def max_rounds(self, setup):
-        return setup.cfg.pilot_commit.max_rounds
+    def max_rounds(self, cfg):
+        return cfg.pilot_commit.max_rounds
 
     def plan(self, setup, knobs, state, t):
         pcfg, n = setup.cfg.pilot_commit, setup.N
@@ -239,9 +272,10 @@ class PilotCommit:
         t, buf, _, ok = take_rows(t, buf, k_commit, pilot_priority(buf), CONFIRMED, lambda held: n - held)
         shortfall = want - jnp.sum(ok).astype(jnp.int32)
         k_pilot = jnp.minimum(pcfg.pilot_pool_ratio * shortfall, afford(budget_left(knobs, t), n_p))
-        t = open_fresh(t, state.selection, buf, setup.cfg, knobs.selection, k_pilot, pcfg.pilot_pool_ratio * setup.B,
-                       ACTIVE, n_p, pilot=True)
-        return state.replace(pilot_buffer=buf), t
+        return state.replace(pilot_buffer=buf), t, Opening.of(k_pilot, ACTIVE, n_p, pilot=True)
+
+    def max_open(self, setup):
+        return setup.cfg.pilot_commit.pilot_pool_ratio * setup.B
 
     def decide(self, setup, knobs, state, t, fresh, completed):
         rows = fresh & (t.status == ACTIVE) & t.pilot
@@ -260,14 +294,45 @@ POLICIES: dict[str, Policy] = {"uniform": Uniform(), "ds": DynamicSampling(), "s
                                "pilot_commit": PilotCommit()}
 
 
-def make_setup(cfg: AllocationConfig, ps: PrefixSamplingConfig, num_prompts: int) -> Setup:
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """Every policy of ``members`` in one compile: ``knobs.policy`` (an index into ``members``) picks
+    the one a run uses, under ``lax.switch`` (a real branch while the index is not vmapped). The table
+    is sized for the largest member. The simulator runs all its methods on one such setup."""
+    members: tuple[Policy, ...] = tuple(POLICIES.values())
+    trains_saturated = None  # a knob: members differ
+
+    def default_budget(self, cfg):
+        return max(m.default_budget(cfg) for m in self.members)
+
+    def capacity(self, setup):
+        return max(m.capacity(setup) for m in self.members)
+
+    def max_open(self, setup):
+        return max(m.max_open(setup) for m in self.members)
+
+    def max_rounds(self, cfg):
+        return max(m.max_rounds(cfg) for m in self.members)
+
+    def plan(self, setup, knobs, state, t):
+        branches = [functools.partial(m.plan, setup, knobs) for m in self.members]
+        return jax.lax.switch(knobs.policy, branches, state, t)
+
+    def decide(self, setup, knobs, state, t, fresh, completed):
+        branches = [functools.partial(m.decide, setup, knobs) for m in self.members]
+        return jax.lax.switch(knobs.policy, branches, state, t, fresh, completed)
+
+
+def make_setup(cfg: AllocationConfig, ps: PrefixSamplingConfig, num_prompts: int, family: bool = False) -> Setup:
     """The static setup of a composition; the method's policy is chosen here, once. Compositions that
-    differ only in what :class:`Knobs` carry get equal setups (so jit compiles them once)."""
-    policy = POLICIES[cfg.method]
+    differ only in what :class:`Knobs` carry get equal setups (so jit compiles them once). ``family``:
+    a setup that runs every method (:class:`Family`), the method then being the knob ``policy``."""
+    policy = Family() if family else POLICIES[cfg.method]
     widest = dataclasses.replace(cfg, sara=dataclasses.replace(cfg.sara, mode="fill"))
     max_budget = cfg.budget if cfg.budget is not None else policy.default_budget(widest)
     static = dataclasses.replace(cfg, budget=None, selection=dataclasses.replace(cfg.selection, method="none"),
                                  sara=dataclasses.replace(cfg.sara, mode="fill"),
-                                 ds=dataclasses.replace(cfg.ds, keep_surplus=False))
+                                 ds=dataclasses.replace(cfg.ds, keep_surplus=False),
+                                 method="uniform" if family else cfg.method)
     return Setup(cfg=static, ps=dataclasses.replace(ps, enabled=False), num_prompts=num_prompts, policy=policy,
                  max_budget=min(max_budget, UNBOUNDED))

@@ -121,12 +121,30 @@ def selection_scores(state: SelectionState, prompt_ids, key, cfg: SelectionConfi
     return scores_by_id(state, prompt_ids, key, METHODS.index(cfg.method))
 
 
-def scores_by_id(state: SelectionState, prompt_ids, key, method):
-    """:func:`selection_scores` with the method as an index into :data:`METHODS` (may be traced)."""
+def thompson_draws(state: SelectionState, key, method):
+    """MoPPS's Thompson sample gamma ~ Beta(alpha, beta) of every prompt, float32 [P]; zeros unless
+    ``method`` (an index into :data:`METHODS`, may be traced) is mopps. The posterior changes only
+    between steps, so a multi-round step draws once and every round's selection reads the same
+    sample (a Beta draw per candidate per round was most of a round's cost)."""
+    def draw():
+        return jax.random.beta(key, state.alpha, state.beta).astype(jnp.float32)
+
+    def zeros():
+        return jnp.zeros_like(state.alpha)
+    if isinstance(method, int):
+        return draw() if method == METHODS.index("mopps") else zeros()
+    return jax.lax.cond(method == METHODS.index("mopps"), draw, zeros)
+
+
+def scores_by_id(state: SelectionState, prompt_ids, key, method, thompson=None):
+    """:func:`selection_scores` with the method as an index into :data:`METHODS` (may be traced).
+    ``thompson``: this step's :func:`thompson_draws` (float32 [P]); None: draw for these candidates."""
     def none():
         return jax.random.uniform(key, prompt_ids.shape)
 
     def mopps():
+        if thompson is not None:
+            return -jnp.abs(thompson[prompt_ids] - 0.5)
         gamma = jax.random.beta(key, state.alpha[prompt_ids], state.beta[prompt_ids])
         return -jnp.abs(gamma - 0.5)
 
@@ -149,9 +167,11 @@ def select_prompts(state: SelectionState, key, available, k, k_max: int, cfg: Se
     return select_by_id(state, key, available, k, k_max, cfg, METHODS.index(cfg.method))
 
 
-def select_by_id(state: SelectionState, key, available, k, k_max: int, cfg: SelectionConfig, method):
+def select_by_id(state: SelectionState, key, available, k, k_max: int, cfg: SelectionConfig, method,
+                 thompson=None):
     """:func:`select_prompts` with the method as an index into :data:`METHODS` (may be traced; then
-    the pool is sized for ``cfg.pool_ratio`` and used only in part by method none)."""
+    the pool is sized for ``cfg.pool_ratio`` and used only in part by method none). ``thompson``: see
+    :func:`scores_by_id`."""
     num = available.shape[0]
     static_none = isinstance(method, int) and method == 0
     pool = min((1 if static_none else cfg.pool_ratio) * k_max, num)
@@ -161,7 +181,7 @@ def select_by_id(state: SelectionState, key, available, k, k_max: int, cfg: Sele
     gumbel = jax.random.gumbel(k_pool, (num,))
     pool_val, pool_ids = jax.lax.top_k(jnp.where(available, gumbel, -jnp.inf), pool)
     pool_ok = jnp.isfinite(pool_val) & (jnp.arange(pool) < ratio * k)
-    score = jnp.where(pool_ok, scores_by_id(state, pool_ids, k_score, method), -jnp.inf)
+    score = jnp.where(pool_ok, scores_by_id(state, pool_ids, k_score, method, thompson), -jnp.inf)
     kk = min(k_max, pool)
     val, idx = jax.lax.top_k(score, kk)
     ids, ok = pool_ids[idx].astype(jnp.int32), jnp.isfinite(val) & (jnp.arange(kk) < k)

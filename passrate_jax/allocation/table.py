@@ -14,7 +14,7 @@ from flax import struct
 
 from passrate_jax.allocation.config import AllocationConfig
 from passrate_jax.allocation.group_queue import GroupQueue, queue_take
-from passrate_jax.allocation.selection import SelectionState, prior_by_id, select_by_id
+from passrate_jax.allocation.selection import SelectionState, prior_by_id, select_by_id, thompson_draws
 
 # Row status. ACTIVE: being probed (SARA) or piloted; CONFIRMED: will be completed to N; TRAINED,
 # DROPPED (complete but saturated or surplus), ABANDONED (given up partial), BUFFERED (a kept pilot
@@ -34,6 +34,7 @@ class StepTable:
     observed at its own step), rank (training order, -1 when not trained).
     Scalars: count (rows used), key_base (key of row 0), trained, spent (rollouts requested), rounds,
     done. used / evicted: bool [P]. rng: PRNG key. replay_successes / replay_rollouts: float32 [K].
+    thompson: float32 [P], the step's MoPPS Thompson draws (zeros under another selection method).
     """
     prompt: jax.Array
     key: jax.Array
@@ -63,6 +64,7 @@ class StepTable:
     rng: jax.Array
     replay_successes: jax.Array
     replay_rollouts: jax.Array
+    thompson: jax.Array
 
     @property
     def capacity(self) -> int:
@@ -81,7 +83,14 @@ def table_init(capacity: int, group_size: int, num_buckets: int, key_base, evict
                      key_base=jnp.asarray(key_base, jnp.int32), trained=z, spent=z, rounds=z,
                      done=jnp.zeros((), bool), used=jnp.zeros_like(evicted), evicted=evicted, rng=rng,
                      replay_successes=jnp.zeros((num_buckets,), jnp.float32),
-                     replay_rollouts=jnp.zeros((num_buckets,), jnp.float32))
+                     replay_rollouts=jnp.zeros((num_buckets,), jnp.float32),
+                     thompson=jnp.zeros(evicted.shape, jnp.float32))
+
+
+def draw_thompson(t: StepTable, selection: SelectionState, method) -> StepTable:
+    """The step's MoPPS Thompson draws, once, for every round's :func:`open_fresh`."""
+    t, use = split_rng(t)
+    return t.replace(thompson=thompson_draws(selection, use, method))
 
 
 def successes(t: StepTable):
@@ -138,7 +147,7 @@ def open_fresh(t: StepTable, selection: SelectionState, pilot_buffer: GroupQueue
     avail = ~t.evicted & ~t.used
     avail = avail.at[jnp.where(pilot_buffer.valid, buffered, avail.shape[0])].set(False, mode="drop")
     t, use = split_rng(t)
-    ids, ok = select_by_id(selection, use, avail, k, k_max, cfg.selection, method)
+    ids, ok = select_by_id(selection, use, avail, k, k_max, cfg.selection, method, t.thompson)
     pa, pb = prior_by_id(selection, ids, method, cfg.sara.prior_a, cfg.sara.prior_b)
     return open_rows(t, ok, ids, status, chunk, prior_a=pa, prior_b=pb, **fields)
 
