@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 
 from passrate_jax.sampling import Context, Sampler, SamplingConfig
-from passrate_jax.sampling.prefix_store import ContextTrie
 from test_sampling import EOS, tiny_model
 
 # Small buckets so that a store grows in both contexts and slots within one test.
@@ -50,7 +49,7 @@ def test_store_rounds_equal_reprefilling(sampler, mode):
         capacities.append(store.capacity)
     distinct = [PROMPTS[0], PROMPTS[1], PROMPTS[2], PROMPTS[3] + PROMPTS[1]]
     assert store.prefilled == 4 and store.prefill_tokens == sum(map(len, distinct))
-    assert store.context_tokens == sum(map(len, distinct))  # no two share a first token
+    assert store.context_tokens == sum(map(len, distinct))
     assert capacities[-1] == sampler.store_capacity == (4, 32)
     if fresh:
         assert capacities[0][0] < capacities[1][0] and capacities[1][1] < capacities[2][1]
@@ -80,7 +79,7 @@ def test_live_turns_equal_reprefilling_the_conversation(sampler, mode):
     starts = [Context(PROMPTS[0], num_samples=3, context_id=20), Context(PROMPTS[2], num_samples=2, context_id=21)]
     out, live = sampler.generate_live(starts, live_len=64, seed=4, cfg=cfg, store=store)
     assert_same_rows(out, sampler.generate(starts, seed=4, cfg=cfg))
-    appended_before = store.prefill_tokens
+    appended_before, context_before = store.prefill_tokens, store.context_tokens
     rows = list(range(len(out.lengths)))
     for turn in range(2):
         # An observation per surviving row (rows 1 and 3 end after the first turn), then the next turn
@@ -94,7 +93,10 @@ def test_live_turns_equal_reprefilling_the_conversation(sampler, mode):
         assert store.prefill_tokens - appended_before == sum(len(c.ids) - live.valid[p]
                                                              for p, c in zip(parents, contexts))
         assert all(len(c.ids) - live.valid[p] == 4 + p for p, c in zip(parents, contexts))
-        appended_before = store.prefill_tokens
+        # Each context adds its row's action and observation to the row's context.
+        assert store.context_tokens - context_before == sum(len(c.ids) - live.context_len[p]
+                                                            for p, c in zip(parents, contexts))
+        appended_before, context_before = store.prefill_tokens, store.context_tokens
         live, rows = new_live, list(range(len(parents)))
     with pytest.raises(ValueError, match="do not extend live row 0"):
         sampler.extend_live(live, [0], [Context((1,) + live.tokens[0])], cfg=cfg)
@@ -102,8 +104,15 @@ def test_live_turns_equal_reprefilling_the_conversation(sampler, mode):
         sampler.generate_live([Context(PROMPTS[3], max_new_tokens=8)], live_len=16, cfg=cfg)
 
 
-def test_context_trie_counts_distinct_positions():
-    trie = ContextTrie()
-    for ids in ([1, 2, 3], [1, 2, 3], [1, 2, 4, 5], [2, 2]):
-        trie.insert(ids)
-    assert trie.size == 3 + 2 + 2
+def test_equal_turns_share_one_append(sampler):
+    store = sampler.kv_store()
+    _, live = sampler.generate_live([Context(PROMPTS[1], num_samples=2, context_id=30)], live_len=48,
+                                    cfg=CFGS["greedy"], store=store)
+    assert live.tokens[0] == live.tokens[1]  # greedy: both rows took the same turn
+    before, contexts_before = store.prefill_tokens, store.context_tokens
+    contexts = [Context(live.tokens[0] + (7, 8, 9), context_id=40 + p, max_new_tokens=6) for p in (0, 1)]
+    out, _ = sampler.extend_live(live, [0, 1], contexts, seed=2, cfg=CFGS["sampled"])
+    assert store.prefill_tokens - before == 1 + 3  # one append: the last action token and the observation
+    assert store.context_tokens - contexts_before == len(contexts[0].ids) - len(PROMPTS[1])
+    assert_same_rows(out, sampler.generate(contexts, seed=2, cfg=CFGS["sampled"]))
+    assert out.completion(0) != out.completion(1)  # each row still draws with its own context id

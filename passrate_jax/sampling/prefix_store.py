@@ -1,5 +1,5 @@
-"""Host records of KV reuse: a step's prefix store, the live rows of multi-turn episodes, and the count
-of distinct context tokens they are measured against.
+"""Host records of KV reuse: a step's prefix store, the live rows of multi-turn episodes, and the
+counts of prefill work against distinct context tokens.
 
 A :class:`PrefixStore` belongs to one parameter state (one training step): every context prefilled
 into it keeps its KV rows and last logits on device, so a later round that samples the same context
@@ -19,31 +19,20 @@ from passrate_jax.model.transformer import KVCache
 from passrate_jax.sampling import core
 
 
-class ContextTrie:
-    """Distinct token positions of a set of sequences: the nodes of their prefix trie. Two contexts
-    that share a prefix count its tokens once, the number a perfect prefix cache would compute."""
-
-    def __init__(self):
-        self._edges: dict[tuple[int, int], int] = {}
-
-    @property
-    def size(self) -> int:
-        return len(self._edges)
-
-    def insert(self, ids: Sequence[int]) -> None:
-        node = 0
-        for token in ids:
-            node = self._edges.setdefault((node, int(token)), len(self._edges) + 1)
-
-
 class PrefixStore:
     """The KV rows of the contexts prefilled for one parameter state (see the module docstring).
 
     ``params``: the placed parameter state every program of this store runs with. ``shared``: contexts
     with equal ids share one stored row (a store scoped to one call prefills each context it is given).
-    Counters: ``prefill_tokens`` (real tokens run through a prefill or an append: the KV computed),
-    ``context_tokens`` (distinct context tokens sampled from, :class:`ContextTrie`), ``prefilled``
-    (contexts prefilled into the store).
+
+    Counters over every call made with the store (live rows extended from it included):
+    ``prefill_tokens``: real tokens run through a prefill or an append, i.e. keys and values computed
+    other than by decoding. ``context_tokens``: the distinct context tokens sampled from: each distinct
+    context (by its ids) counts the tokens it adds to the context it continues (all of them for a new
+    context; an episode's next turn adds its action and observation to the previous turn's context).
+    Prefilling every context in full makes ``prefill_tokens`` about the number of rounds (or turns)
+    times ``context_tokens``; computing each once makes them equal (less where a decode computed a
+    generated action's keys). ``prefilled``: contexts prefilled into the store.
     """
 
     def __init__(self, params, *, shared: bool = True):
@@ -52,18 +41,21 @@ class PrefixStore:
         self.arrays: core.PrefillOutput | None = None   # [C, V] logits, [layers, C, T, ...] KV; None: empty
         self.slots: dict[tuple[int, ...], int] = {}      # context ids -> row (shared stores)
         self.count = 0                                   # rows in use
-        self.trie = ContextTrie()
         self.prefill_tokens = 0
+        self.context_tokens = 0
         self.prefilled = 0
+        self._seen: set[tuple[int, ...]] = set()
 
     @property
     def capacity(self) -> tuple[int, int]:
         """(contexts, slots per context) the device arrays hold; (0, 0) before the first prefill."""
         return (0, 0) if self.arrays is None else tuple(self.arrays.cache.k.shape[1:3])
 
-    @property
-    def context_tokens(self) -> int:
-        return self.trie.size
+    def note_context(self, ids: tuple[int, ...], added: int) -> None:
+        """Count a context sampled from that adds ``added`` tokens to the one it continues (once per ids)."""
+        if ids not in self._seen:
+            self._seen.add(ids)
+            self.context_tokens += added
 
     def lookup(self, ids: tuple[int, ...]) -> int | None:
         return self.slots.get(ids) if self.shared else None
@@ -79,6 +71,7 @@ class LiveRows:
 
     cache: KV [layers, R, S, ...] (R padded); slot == position.
     tokens: per row, its context ids followed by its generated ids.
+    context_len: per row, the number of its context ids.
     valid: per row, the leading tokens whose keys and values the cache holds: every context token and
       every generated token but the last, which no step fed back (a row that stopped first may hold it,
       or padding after it, so it is always recomputed by the next append).
@@ -86,6 +79,7 @@ class LiveRows:
     """
     cache: KVCache
     tokens: list[tuple[int, ...]]
+    context_len: list[int]
     valid: list[int]
     store: PrefixStore
 

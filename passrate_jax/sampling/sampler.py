@@ -248,17 +248,25 @@ class Sampler:
             if not 0 <= p < len(live.tokens) or c.ids[:len(live.tokens[p])] != live.tokens[p] \
                     or len(c.ids) <= live.valid[p]:
                 raise ValueError(f"context {c.context_id}: its ids do not extend live row {p}")
-        appended = [c.ids[live.valid[p]:] for p, c in zip(parents, contexts)]
-        n = len(contexts)
+        rows: dict[tuple[int, ...], int] = {}  # equal contexts (e.g. equal greedy turns) share one append
+        firsts = []  # the first context of each distinct ids
+        for i, c in enumerate(contexts):
+            if c.ids not in rows:
+                rows[c.ids] = len(firsts)
+                firsts.append(i)
+        appended = [contexts[i].ids[live.valid[parents[i]]:] for i in firsts]
+        n = len(firsts)
         c_pad = bucket(n, cfg.prefill_row_buckets, self.row_shards)
         tokens = np.full((c_pad, bucket(max(map(len, appended)), cfg.context_buckets)), self.pad_id, np.int32)
         for i, a in enumerate(appended):
             tokens[i, :len(a)] = a
         column = lambda xs: np.pad(np.asarray(xs, np.int32), (0, c_pad - n))  # noqa: E731
-        prefilled = self._append(live.store.params, live.cache, column(parents), tokens,
-                                 column([live.valid[p] for p in parents]), column([len(a) for a in appended]))
-        self._count_prefill(live.store, contexts, sum(map(len, appended)), batches=1)
-        return self._sample(live.store, prefilled, contexts, list(range(n)), seed, cfg,
+        prefilled = self._append(live.store.params, live.cache, column([parents[i] for i in firsts]), tokens,
+                                 column([live.valid[parents[i]] for i in firsts]), column([len(a) for a in appended]))
+        for p, c in zip(parents, contexts):
+            live.store.note_context(c.ids, len(c.ids) - live.context_len[p])
+        self._count_prefill(live.store, n, sum(map(len, appended)))
+        return self._sample(live.store, prefilled, contexts, [rows[c.ids] for c in contexts], seed, cfg,
                             context_len=live.slots, live_len=live.slots)
 
     # ------------------------------------------------------------------ host steps
@@ -285,6 +293,7 @@ class Sampler:
         """The store row of every context, prefilling those it does not hold in one batch."""
         slots, ids = [], []
         for c in contexts:
+            store.note_context(c.ids, len(c.ids))
             slot = store.lookup(c.ids)
             if slot is None:
                 slot = store.count + len(ids)
@@ -293,7 +302,6 @@ class Sampler:
                     store.slots[c.ids] = slot
             slots.append(slot)
         if not ids:
-            self._count_prefill(store, contexts, 0, batches=0)
             return slots
         t = bucket(max(map(len, ids)), cfg.context_buckets)
         self._reserve(store, store.count + len(ids), t, cfg)
@@ -309,7 +317,7 @@ class Sampler:
                                            jax.device_put(length, self._rows1), jax.device_put(slot, self._rows1))
         store.count += len(ids)
         store.prefilled += len(ids)
-        self._count_prefill(store, contexts, int(length.sum()), batches=1, prefilled=len(ids))
+        self._count_prefill(store, len(ids), int(length.sum()))
         return slots
 
     def _reserve(self, store: PrefixStore, contexts: int, slots: int, cfg: SamplingConfig) -> None:
@@ -327,13 +335,12 @@ class Sampler:
         if store.shared:
             self._store_capacity = (need_c, need_t)
 
-    def _count_prefill(self, store: PrefixStore, contexts, tokens: int, *, batches: int, prefilled: int = 0):
-        for c in contexts:
-            store.trie.insert(c.ids)
+    def _count_prefill(self, store: PrefixStore, contexts: int, tokens: int) -> None:
+        """One prefill or append program ran ``tokens`` real tokens of ``contexts`` contexts."""
         store.prefill_tokens += tokens
         self.prefill_tokens += tokens
-        self.prefill_batches += batches
-        self.prefill_calls += prefilled or (len(contexts) if batches else 0)
+        self.prefill_calls += contexts
+        self.prefill_batches += 1
 
     def _sample(self, store, prefilled, contexts, slots, seed, cfg, *, context_len, live_len):
         """Decode every context's continuations from its prefilled row ``slots[i]`` of ``prefilled``."""
@@ -383,8 +390,9 @@ class Sampler:
         if live_len is None:
             return result, None
         tokens = [contexts[c].ids + tuple(result.completion(i)) for i, c in enumerate(ctx_index)]
-        valid = [len(contexts[c].ids) + max(int(length[i]) - 1, 0) for i, c in enumerate(ctx_index)]
-        return result, LiveRows(final.cache, tokens, valid, store)
+        context_len = [len(contexts[c].ids) for c in ctx_index]
+        valid = [n + max(int(m) - 1, 0) for n, m in zip(context_len, length)]
+        return result, LiveRows(final.cache, tokens, context_len, valid, store)
 
 
 def training_rows(contexts: Sequence[Context], result: SampleResult, *, pad_id: int = 0,
