@@ -6,8 +6,8 @@ buffer length, ``S = T + G`` cache slots, ``V`` vocabulary.
 * :func:`prefill` runs each distinct context once (right-padded, positions ``0..len-1``) and returns the
   logits of its last real token and its KV cache.
 * :func:`store_prefill` prefills new contexts into given rows of a prefix store (a :class:`PrefillOutput`
-  kept for a whole step, so later rounds continue a context without computing its KV again);
-  :func:`grow_store` pads a store to a larger capacity.
+  kept for a whole step, so later rounds continue a context without computing its KV again), growing
+  the store first when it is too small.
 * :func:`append` continues live rows (decode caches kept from an earlier call): it gathers each new
   context's parent row and runs only the appended tokens (an environment's observation) through the model.
 * :func:`decode` gathers each row's context cache (rows of one context share one prefill), draws the
@@ -139,25 +139,21 @@ def prefill(params: nnx.State, tokens_ct: jax.Array, length_c: jax.Array, *, gra
 
 
 def store_prefill(params: nnx.State, store: PrefillOutput, tokens_ct: jax.Array, length_c: jax.Array,
-                  slot_c: jax.Array, *, graphdef: nnx.GraphDef, model_cfg: ModelConfig,
+                  slot_c: jax.Array, *, graphdef: nnx.GraphDef, model_cfg: ModelConfig, capacity: tuple[int, int],
                   layout: Layout | None = None) -> PrefillOutput:
-    """Prefill ``C`` new contexts and write them into rows ``slot_c`` of ``store`` (capacity ``C'``
-    contexts of ``T'`` slots, ``T <= T'``); a padding context carries slot ``C'`` and is dropped."""
+    """Prefill ``C`` new contexts of ``T`` tokens into rows ``slot_c`` of ``store``, returned with
+    ``capacity = (contexts, slots)`` (the store's own or larger: it is padded with empty rows and slots
+    first, so growing costs no program of its own). A padding context carries an out-of-range slot and
+    is dropped."""
+    c, t = store.cache.k.shape[1:3]
+    pad = ((0, 0), (0, capacity[0] - c), (0, capacity[1] - t), (0, 0), (0, 0))
     new = prefill(params, tokens_ct, length_c, graphdef=graphdef, model_cfg=model_cfg,
                   cache_len=tokens_ct.shape[1], layout=layout)
     t = tokens_ct.shape[1]
-    put = lambda old, x: old.at[:, slot_c, :t].set(x.astype(old.dtype), mode="drop")  # noqa: E731
-    return PrefillOutput(
-        last_logits_cv=store.last_logits_cv.at[slot_c].set(new.last_logits_cv, mode="drop"),
-        cache=KVCache(k=put(store.cache.k, new.cache.k), v=put(store.cache.v, new.cache.v)))
-
-
-def grow_store(store: PrefillOutput, *, contexts: int, slots: int) -> PrefillOutput:
-    """``store`` padded with empty rows and slots to ``contexts`` x ``slots`` (each >= the current)."""
-    c, t = store.cache.k.shape[1:3]
-    pad = ((0, 0), (0, contexts - c), (0, slots - t), (0, 0), (0, 0))
-    return PrefillOutput(last_logits_cv=jnp.pad(store.last_logits_cv, ((0, contexts - c), (0, 0))),
-                         cache=KVCache(k=jnp.pad(store.cache.k, pad), v=jnp.pad(store.cache.v, pad)))
+    put = lambda old, x: jnp.pad(old, pad).at[:, slot_c, :t].set(x.astype(old.dtype), mode="drop")  # noqa: E731
+    logits = jnp.pad(store.last_logits_cv, ((0, capacity[0] - c), (0, 0)))
+    return PrefillOutput(last_logits_cv=logits.at[slot_c].set(new.last_logits_cv, mode="drop"),
+                         cache=KVCache(k=put(store.cache.k, new.cache.k), v=put(store.cache.v, new.cache.v)))
 
 
 def append(params: nnx.State, live: KVCache, parent_c: jax.Array, tokens_ca: jax.Array, start_c: jax.Array,

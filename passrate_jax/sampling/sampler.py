@@ -159,12 +159,12 @@ class Sampler:
             step=replicated, last_token_r=rows1, position_r=rows1, done_r=rows1, stopped_r=rows1,
             length_r=rows1, tokens_rg=rows2, logprobs_rg=rows2, policy_logprobs_rg=rows2, keys_r=rows1,
             budget_r=rows1, cache=None)
-        self._store_prefill = jax.jit(self._store_prefill_impl, donate_argnums=(1,),
-                                      in_shardings=(self.param_shardings, prefilled, rows2, rows1, rows1),
-                                      out_shardings=prefilled)
-        self._grow = jax.jit(self._grow_impl, static_argnums=(1, 2), in_shardings=(prefilled,),
-                             out_shardings=prefilled)
-        self._empty = jax.jit(self._empty_impl, static_argnums=(0, 1), out_shardings=prefilled)
+        self._store_shardings = prefilled
+        store_in = (self.param_shardings, prefilled, rows2, rows1, rows1)
+        # The store is donated (updated in place) unless it grows: a larger output cannot reuse its buffers.
+        self._store_prefill = {grows: jax.jit(self._store_prefill_impl, donate_argnums=() if grows else (1,),
+                                              static_argnums=(5,), in_shardings=store_in, out_shardings=prefilled)
+                               for grows in (False, True)}
         self._append = jax.jit(self._append_impl, in_shardings=(self.param_shardings, cache, rows1, rows2, rows1, rows1),
                                out_shardings=prefilled)
         decode_in = (self.param_shardings, prefilled, rowspec, replicated, replicated)
@@ -174,19 +174,10 @@ class Sampler:
                                     in_shardings=decode_in, out_shardings=state.replace(cache=cache))
 
     # ------------------------------------------------------------------ jitted programs
-    def _store_prefill_impl(self, params, store, tokens_ct, length_c, slot_c):
+    def _store_prefill_impl(self, params, store, tokens_ct, length_c, slot_c, capacity):
         self.compilations += 1  # runs once per trace, i.e. once per compiled program
         return core.store_prefill(params, store, tokens_ct, length_c, slot_c, graphdef=self.graphdef,
-                                  model_cfg=self.model_cfg, layout=self.layout)
-
-    def _grow_impl(self, store, contexts, slots):
-        self.compilations += 1
-        return core.grow_store(store, contexts=contexts, slots=slots)
-
-    def _empty_impl(self, contexts, slots):
-        self.compilations += 1
-        return core.PrefillOutput(last_logits_cv=jnp.zeros((contexts, self.model_cfg.vocab_size), jnp.float32),
-                                  cache=init_cache(self.model_cfg, contexts, slots))
+                                  model_cfg=self.model_cfg, capacity=capacity, layout=self.layout)
 
     def _append_impl(self, params, live, parent_c, tokens_ca, start_c, length_c):
         self.compilations += 1
@@ -304,36 +295,40 @@ class Sampler:
         if not ids:
             return slots
         t = bucket(max(map(len, ids)), cfg.context_buckets)
-        self._reserve(store, store.count + len(ids), t, cfg)
+        capacity = self._capacity(store, store.count + len(ids), t, cfg)
         c_pad = bucket(len(ids), cfg.prefill_row_buckets, self.row_shards)
         tokens = np.full((c_pad, t), self.pad_id, np.int32)
         for i, x in enumerate(ids):
             tokens[i, :len(x)] = x
         length = np.zeros(c_pad, np.int32)
         length[:len(ids)] = [len(x) for x in ids]
-        slot = np.full(c_pad, store.capacity[0], np.int32)  # padding contexts: out of range, dropped
+        slot = np.full(c_pad, capacity[0], np.int32)  # padding contexts: out of range, dropped
         slot[:len(ids)] = store.count + np.arange(len(ids))
-        store.arrays = self._store_prefill(store.params, store.arrays, jax.device_put(tokens, self._rows2),
-                                           jax.device_put(length, self._rows1), jax.device_put(slot, self._rows1))
+        grows = capacity != store.capacity
+        store.arrays = self._store_prefill[grows](store.params, store.arrays, jax.device_put(tokens, self._rows2),
+                                           jax.device_put(length, self._rows1), jax.device_put(slot, self._rows1),
+                                           capacity)
         store.count += len(ids)
         store.prefilled += len(ids)
         self._count_prefill(store, len(ids), int(length.sum()))
         return slots
 
-    def _reserve(self, store: PrefixStore, contexts: int, slots: int, cfg: SamplingConfig) -> None:
-        """Make room for ``contexts`` rows of ``slots`` tokens: a shared store starts at the largest
-        capacity used before (so later steps compile nothing new) and grows by buckets."""
+    def _capacity(self, store: PrefixStore, contexts: int, slots: int, cfg: SamplingConfig) -> tuple[int, int]:
+        """The capacity that holds ``contexts`` rows of ``slots`` tokens. A shared store starts at the
+        largest capacity used before (so later steps compile nothing new) and grows by buckets; an empty
+        store is allocated here (zeros, placed), a full one grows inside the prefill program."""
         c, t = store.capacity
         if store.shared:
             c, t = max(c, self._store_capacity[0]), max(t, self._store_capacity[1])
-        need_c = bucket(contexts, cfg.prefill_row_buckets, self.row_shards) if contexts > c else c
-        need_t = max(t, slots)
+        need = (bucket(contexts, cfg.prefill_row_buckets, self.row_shards) if contexts > c else c, max(t, slots))
         if store.arrays is None:
-            store.arrays = self._empty(need_c, need_t)
-        elif (need_c, need_t) != store.capacity:
-            store.arrays = self._grow(store.arrays, need_c, need_t)
+            shapes = jax.eval_shape(lambda: core.PrefillOutput(
+                jnp.zeros((need[0], self.model_cfg.vocab_size), jnp.float32), init_cache(self.model_cfg, *need)))
+            store.arrays = jax.tree.map(lambda x, where: jnp.zeros(x.shape, x.dtype, device=where), shapes,
+                                        self._store_shardings)
         if store.shared:
-            self._store_capacity = (need_c, need_t)
+            self._store_capacity = need
+        return need
 
     def _count_prefill(self, store: PrefixStore, contexts: int, tokens: int) -> None:
         """One prefill or append program ran ``tokens`` real tokens of ``contexts`` contexts."""
