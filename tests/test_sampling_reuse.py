@@ -50,6 +50,8 @@ def test_store_rounds_equal_reprefilling(sampler, mode):
     distinct = [PROMPTS[0], PROMPTS[1], PROMPTS[2], PROMPTS[3] + PROMPTS[1]]
     assert store.prefilled == 4 and store.prefill_tokens == sum(map(len, distinct))
     assert store.context_tokens == sum(map(len, distinct))
+    # prefilling every call in full (no reuse) computes each context once per round it appears in
+    assert store.unshared_tokens == sum(len(c.ids) for contexts in rounds for c in contexts)
     assert capacities[-1] == sampler.store_capacity == (4, 32)
     if fresh:
         assert capacities[0][0] < capacities[1][0] and capacities[1][1] < capacities[2][1]
@@ -80,6 +82,7 @@ def test_live_turns_equal_reprefilling_the_conversation(sampler, mode):
     out, live = sampler.generate_live(starts, live_len=64, seed=4, cfg=cfg, store=store)
     assert_same_rows(out, sampler.generate(starts, seed=4, cfg=cfg))
     appended_before, context_before = store.prefill_tokens, store.context_tokens
+    unshared_before = store.unshared_tokens
     rows = list(range(len(out.lengths)))
     for turn in range(2):
         # An observation per surviving row (rows 1 and 3 end after the first turn), then the next turn
@@ -96,7 +99,9 @@ def test_live_turns_equal_reprefilling_the_conversation(sampler, mode):
         # Each context adds its row's action and observation to the row's context.
         assert store.context_tokens - context_before == sum(len(c.ids) - live.context_len[p]
                                                             for p, c in zip(parents, contexts))
+        assert store.unshared_tokens - unshared_before == sum(len(c.ids) for c in contexts)
         appended_before, context_before = store.prefill_tokens, store.context_tokens
+        unshared_before = store.unshared_tokens
         live, rows = new_live, list(range(len(parents)))
     with pytest.raises(ValueError, match="do not extend live row 0"):
         sampler.extend_live(live, [0], [Context((1,) + live.tokens[0])], cfg=cfg)

@@ -32,7 +32,9 @@ class PrefixStore:
     context; an episode's next turn adds its action and observation to the previous turn's context).
     Prefilling every context in full makes ``prefill_tokens`` about the number of rounds (or turns)
     times ``context_tokens``; computing each once makes them equal (less where a decode computed a
-    generated action's keys). ``prefilled``: contexts prefilled into the store.
+    generated action's keys). ``unshared_tokens``: what prefilling every context of every call in full
+    would have computed (the sampler without KV reuse across calls). ``prefilled``: contexts prefilled
+    into the store.
     """
 
     def __init__(self, params, *, shared: bool = True):
@@ -43,6 +45,7 @@ class PrefixStore:
         self.count = 0                                   # rows in use
         self.prefill_tokens = 0
         self.context_tokens = 0
+        self.unshared_tokens = 0
         self.prefilled = 0
         self._seen: set[tuple[int, ...]] = set()
 
@@ -53,6 +56,7 @@ class PrefixStore:
 
     def note_context(self, ids: tuple[int, ...], added: int) -> None:
         """Count a context sampled from that adds ``added`` tokens to the one it continues (once per ids)."""
+        self.unshared_tokens += len(ids)
         if ids not in self._seen:
             self._seen.add(ids)
             self.context_tokens += added
