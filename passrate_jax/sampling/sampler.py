@@ -247,7 +247,9 @@ class Sampler:
                 firsts.append(i)
         appended = [contexts[i].ids[live.valid[parents[i]]:] for i in firsts]
         n = len(firsts)
-        c_pad = bucket(n, cfg.prefill_row_buckets, self.row_shards)
+        # Padded like decode rows (an episode's later turns have about one row per context), so the append
+        # and decode programs see the same few row counts the live rows already have.
+        c_pad = bucket(n, cfg.row_buckets, self.row_shards)
         tokens = np.full((c_pad, bucket(max(map(len, appended)), cfg.context_buckets)), self.pad_id, np.int32)
         for i, a in enumerate(appended):
             tokens[i, :len(a)] = a
