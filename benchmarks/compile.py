@@ -57,7 +57,7 @@ def compile_update(model_cfg, mesh, rows: int = 8, width: int = 256) -> tuple[fl
     batch = TrainBatch(tokens=i32, positions=i32, attention_mask=i32, loss_mask=i32,
                        advantages=jax.ShapeDtypeStruct((rows,), jnp.float32), old_logprobs=f32)
     opt_abs = jax.eval_shape(opt.init, params)
-    return _timed(lambda: fns.step.lower(params, opt_abs, batch, jax.ShapeDtypeStruct((2,), jnp.uint32)))
+    return _timed(lambda: fns.compiled.lower(params, opt_abs, batch, jax.ShapeDtypeStruct((2,), jnp.uint32)))
 
 
 def compile_sampler(model_cfg, mesh, contexts: int = 8, rows: int = 64, t: int = 128,

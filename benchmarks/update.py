@@ -131,7 +131,7 @@ def main(argv=None) -> dict:
     square_before = matmul_flops_per_s(2048, 2048, 2048, dtype, iters=9)
 
     t = time.perf_counter()
-    step = fns.step.lower(params, opt_state, batch, jax.random.key(0)).compile()
+    step = fns.compiled.lower(params, opt_state, batch, jax.random.key(0)).compile()
     compile_s = time.perf_counter() - t
     params, opt_state, metrics = step(params, opt_state, batch, jax.random.key(0))  # warm-up
     jax.block_until_ready(metrics)

@@ -145,7 +145,7 @@ def measure(cfg, layers: int, prompt_tokens: int) -> dict:
     i32 = sds((rows, width), jnp.int32)
     batch = TrainBatch(tokens=i32, positions=i32, attention_mask=i32, loss_mask=i32,
                        advantages=sds((rows,), jnp.float32), old_logprobs=sds((rows, width), jnp.float32))
-    m = fns.step.lower(params, opt_abs, batch, sds((2,), jnp.uint32)).compile().memory_analysis()
+    m = fns.compiled.lower(params, opt_abs, batch, sds((2,), jnp.uint32)).compile().memory_analysis()
     batch_bytes = sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(batch)) / mesh.size
     out["state"] = m.argument_size_in_bytes - batch_bytes
     out["update"] = m.argument_size_in_bytes + m.temp_size_in_bytes

@@ -15,6 +15,7 @@ mid-save resumes from the previous complete checkpoint.
 from __future__ import annotations
 
 import os
+import shutil
 from typing import Any
 
 import jax
@@ -92,3 +93,57 @@ class RunCheckpointer:
     def close(self) -> None:
         self._manager.wait_until_finished()
         self._manager.close()
+
+
+def check_run_dir(run_dir: str | os.PathLike, state: Any = None) -> None:
+    """Fail before training when the run directory cannot hold a checkpoint: not writable, or (with
+    ``state``, the pytree a checkpoint saves) less free space than one checkpoint of it needs.
+    Remote (``gs://``) directories are left to Orbax. Raises :class:`ConfigError` naming the directory."""
+    from passrate_jax.configlib import ConfigError
+
+    run_dir = os.fspath(run_dir)
+    if "://" in run_dir:
+        return
+    probe = os.path.join(run_dir, f".write-test-{os.getpid()}")
+    try:
+        os.makedirs(run_dir, exist_ok=True)
+        with open(probe, "w") as f:
+            f.write("x")
+        os.remove(probe)
+    except OSError as e:
+        raise ConfigError(f"run directory {run_dir!r} is not writable: {e}") from None
+    if state is not None:
+        need = sum(x.nbytes for x in jax.tree.leaves(state) if hasattr(x, "nbytes"))
+        free = shutil.disk_usage(run_dir).free
+        if free < need:
+            raise ConfigError(f"run directory {run_dir!r} has {free / 2**20:.1f} MiB free; one checkpoint of this run "
+                              f"needs {need / 2**20:.1f} MiB")
+
+
+def load_params(run_dir: str | os.PathLike, params: Any, step: int | None = None) -> int:
+    """Overwrite ``params`` (an ``nnx.State`` of the run's model) in place with the parameters of checkpoint
+    ``step`` (default: the latest) of ``run_dir``, read without rebuilding the optimizer or allocator.
+    Returns the step. A step that was not saved (or a run with no checkpoint) is a ConfigError listing
+    the steps there are."""
+    from flax import nnx
+
+    from passrate_jax.configlib import ConfigError
+
+    ckpt = RunCheckpointer(run_dir)
+    try:
+        saved = sorted(ckpt.all_steps())
+        if not saved or (step is not None and step not in saved):
+            raise ConfigError(f"--step {step}: {os.fspath(run_dir)!r} has checkpoints at steps {saved}"
+                              if saved else f"--run-dir {os.fspath(run_dir)!r}: no complete checkpoint yet")
+        state, meta = ckpt.restore_saved(step)
+    finally:
+        ckpt.close()
+
+    def unwrap(tree):
+        # Orbax stores each nnx Variable as {"value": array}; nnx's pure dicts hold the arrays.
+        if isinstance(tree, dict):
+            return unwrap(tree["value"]) if set(tree) == {"value"} else {k: unwrap(v) for k, v in tree.items()}
+        return tree
+
+    nnx.replace_by_pure_dict(params, unwrap(state["params"]))
+    return int(meta["step"])

@@ -9,13 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from passrate_jax.configlib import ConfigError
-
-
-def add_config_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--config FILE`` and trailing ``key.sub=value`` overrides, shared by every subcommand that takes a config."""
-    parser.add_argument("--config", default=None, help="YAML preset (default: built-in defaults)")
-    parser.add_argument("overrides", nargs="*", metavar="key.sub=value", help="dotted config overrides")
+from passrate_jax.configlib import ConfigError, add_config_arguments  # noqa: F401 - re-exported
 
 
 def _info_subparser(subparsers) -> None:
@@ -33,20 +27,33 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="passrate-jax", description=__doc__.splitlines()[0])
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _info_subparser(subparsers)
-    from passrate_jax import commands, generate_cli, plot, study, train
+    from passrate_jax import commands, export, generate_cli, plot, study, train
     from passrate_jax.allocation import simulate
     train.add_subparser(subparsers)
     commands.add_subparsers(subparsers)
     generate_cli.add_subparser(subparsers)
+    export.add_subparser(subparsers)
     simulate.add_subparser(subparsers)
     plot.add_subparser(subparsers)
     study.add_subparser(subparsers)
     return parser
 
 
+def parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """``parser.parse_args``, except that ``key=value`` overrides may also follow options
+    (``train --run-dir D steps=4``): argparse stops a positional list at the first option, and
+    subparsers rule out ``parse_intermixed_args``."""
+    args, extra = parser.parse_known_args(argv)
+    if extra and hasattr(args, "overrides") and all("=" in a and not a.startswith("-") for a in extra):
+        args.overrides = list(args.overrides or []) + extra
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse(parser, argv)
     try:
         return int(args.func(args) or 0)
     except ConfigError as e:

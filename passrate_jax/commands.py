@@ -1,41 +1,36 @@
 """``passrate-jax eval`` and ``passrate-jax sft``: evaluate a run's latest checkpoint on the held-out
-prompts, and run (or load from its cache) the supervised warm start on its own."""
+prompts or on any prompt file (``--data``), and run (or load from its cache) the supervised warm start
+on its own."""
 
 from __future__ import annotations
 
 import json
 import os
 
-from passrate_jax.cli import add_config_arguments
-from passrate_jax.configlib import ConfigError
+from passrate_jax.configlib import ConfigError, add_config_arguments
 
 
 def load_run_params(run_dir: str, session, step: int | None = None):
     """The parameters of checkpoint ``step`` (default: the latest) of ``run_dir``, in the session's
     model structure and shardings."""
     import jax
-    from flax import nnx
 
-    from passrate_jax.checkpoint import RunCheckpointer
-    ckpt = RunCheckpointer(run_dir)
-    try:
-        state, meta = ckpt.restore_saved(step)
-    finally:
-        ckpt.close()
-    def unwrap(tree):
-        # Orbax stores each nnx Variable as {"value": array}; nnx's pure dicts hold the arrays.
-        if isinstance(tree, dict):
-            return unwrap(tree["value"]) if set(tree) == {"value"} else {k: unwrap(v) for k, v in tree.items()}
-        return tree
-
+    from passrate_jax.checkpoint import load_params
     params = session.params
-    nnx.replace_by_pure_dict(params, unwrap(state["params"]))
-    return int(meta["step"]), jax.device_put(params, session.sampler.param_shardings)
+    step = load_params(run_dir, params, step)
+    return step, jax.device_put(params, session.sampler.param_shardings)
 
 
 def add_subparsers(subparsers) -> None:
-    p = subparsers.add_parser("eval", help="held-out accuracy and pass@k of a run's latest checkpoint")
+    p = subparsers.add_parser("eval", help="held-out accuracy and pass@k of a run's latest checkpoint, or on --data")
     p.add_argument("--run-dir", required=True)
+    p.add_argument("--data", default=None, metavar="FILE.jsonl|FILE.parquet|tfds:NAME",
+                   help="evaluate on every row of this prompt file or TFDS dataset instead of the run's held-out "
+                        "split, with the run's formatting and verifier; override its fields and verifier with "
+                        "data.prompt_field=..., data.answer_field=..., data.reference_extract=..., "
+                        "data.verifier=... or data.reward_fn=...")
+    p.add_argument("--split", default="test", help="TFDS split of --data tfds:NAME (default test)")
+    p.add_argument("--limit", type=int, default=0, help="with --data: the first N rows only (0: all)")
     p.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
     p.add_argument("--num-samples", type=int, default=8, help="samples per prompt for pass@k (0: greedy only)")
     p.add_argument("--k", type=lambda t: [int(x) for x in t.split(",")], default=[1, 4, 8],
@@ -63,7 +58,7 @@ def run_eval(args) -> int:
     path = os.path.join(args.run_dir, "config.yaml")
     if not os.path.exists(path):
         raise ConfigError(f"{path} does not exist: is {args.run_dir!r} a run directory?")
-    cfg = load_config(path, args.overrides)
+    cfg = load_config(path, data_overrides(args.data, args.split, args.limit) + list(args.overrides))
     from passrate_jax.session import Session
     session = Session.create(cfg, log=lambda *a: None)
     step, params = load_run_params(args.run_dir, session, args.step)
@@ -86,8 +81,9 @@ def run_eval(args) -> int:
     if args.json:
         print(json.dumps(result))
         return 0
-    print(f"{args.run_dir} step {step}: greedy held-out accuracy {result['accuracy']:.4f} on "
-          f"{result['heldout_prompts']} prompts")
+    where = args.data or "held-out"
+    print(f"{args.run_dir} step {step}: greedy {where} accuracy {result['accuracy']:.4f} +- "
+          f"{result['accuracy_se']:.4f} on {result['heldout_prompts']} prompts (+- one standard error over prompts)")
     _print_eval(result, args, cfg)
     if start is not None:
         diff = start.pop("difference")
@@ -101,15 +97,38 @@ def run_eval(args) -> int:
     return 0
 
 
+def data_overrides(data: str | None, split: str = "test", limit: int = 0) -> list[str]:
+    """Config overrides that make ``data`` (a .jsonl / .parquet file or ``tfds:NAME``) both the prompt pool
+    and the held-out set, all of it (or its first ``limit`` rows): a session then evaluates on it with the
+    run's formatting and verifier (the run's procedural-only data.level / max_level / train_size reset to
+    0). [] when ``data`` is None."""
+    if data is None:
+        return []
+    if limit < 0:
+        raise ConfigError(f"--limit {limit}: must be >= 0")
+    # The settings that only shape procedural problems go back to 0: a file is taken as it is (and the
+    # config check refuses them with a file source).
+    size = [f"data.eval_size={limit or 2 ** 62}", "data.level=0", "data.max_level=0", "data.train_size=0"]
+    if data.startswith("tfds:"):
+        return ["data.source=tfds", f"data.tfds_name={data[5:]}", f"data.train_split={split}",
+                f"data.eval_split={split}"] + size
+    if not os.path.isfile(data):
+        raise ConfigError(f"--data {data!r}: no such file")
+    kind = "parquet" if data.endswith(".parquet") else "jsonl"
+    return [f"data.source={kind}", f"data.path={data}", f"data.eval_path={data}"] + size
+
+
 def _print_eval(result: dict, args, cfg) -> None:
-    for level, acc in result["accuracy_by_level"].items():
-        print(f"  level {level}: {acc:.4f}")
+    levels = result["accuracy_by_level"]
+    if any(int(level) != 0 for level in levels):  # a file without levels has them all at 0: nothing to break down
+        for level, acc in levels.items():
+            print(f"  level {level}: {acc:.4f}")
     if "sampled_accuracy" in result:
-        print(f"  sampled accuracy {result['sampled_accuracy']:.4f} ({args.num_samples} answers per prompt at "
-              f"temperature {cfg.sampling.temperature:g})")
+        print(f"  mean@{args.num_samples} {result['sampled_accuracy']:.4f} +- {result['sampled_accuracy_se']:.4f} "
+              f"({args.num_samples} answers per prompt at temperature {cfg.sampling.temperature:g})")
     for k in args.k:
         if f"pass@{k}" in result:
-            print(f"  pass@{k}: {result[f'pass@{k}']:.4f}")
+            print(f"  pass@{k}: {result[f'pass@{k}']:.4f} +- {result[f'pass@{k}_se']:.4f}")
 
 
 def run_sft(args) -> int:

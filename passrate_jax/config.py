@@ -14,7 +14,8 @@ from typing import Literal
 import yaml
 
 from passrate_jax.allocation.config import AllocationConfig, PrefixSamplingConfig
-from passrate_jax.configlib import ConfigError, apply_overrides, build, option, section, to_dict
+from passrate_jax.configlib import (ConfigError, apply_overrides, build, option, read_preset, section,  # noqa: F401
+                                   to_dict)
 from passrate_jax.model.config import ModelConfig
 from passrate_jax.rl.config import OptimizerConfig, RLConfig
 from passrate_jax.sampling.config import SamplingConfig
@@ -28,8 +29,9 @@ class DataConfig:
         "builtin", doc="builtin: procedural task; jsonl/parquet: local file at path; tfds: array_record TFDS dataset; "
                        "env: multi-turn environment data.env (sampling.max_new_tokens is then per assistant turn)")
     task: Literal["arithmetic", "countdown"] = option("arithmetic", doc="built-in task (source builtin)")
-    env: Literal["calculator", "files"] = option("calculator", doc="multi-turn environment (source env; "
-                                                                   "passrate_jax/envs)")
+    env: str = option("calculator", doc="multi-turn environment (source env): calculator, files, or your own "
+                                        "class 'path/to/file.py:ClassName' / 'package.module:ClassName' "
+                                        "(protocol: passrate_jax/envs/base.py)")
     max_turns: int = option(0, ge=0, doc="source env: assistant turns before an episode is cut off (reward of its "
                                          "state then); 0: the environment's default")
     seed: int = option(0, ge=0, doc="seed of the epoch shuffles and of the built-in problems")
@@ -59,6 +61,12 @@ class DataConfig:
         "auto", doc="auto: task for built-in data, math otherwise")
     verify_timeout_s: float = option(5.0, gt=0, doc="per-answer limit of math verification, seconds")
     verify_workers: int = option(2, ge=1, doc="processes of the math verification pool")
+    reward_fn: str = option("", doc="your reward function 'path/to/file.py:function' or 'package.module:function', "
+                                    "called fn(prompt, response, reference, **fields) -> bool or float in the "
+                                    "verification pool (verify_timeout_s per answer); replaces verifier and "
+                                    "answer_extract. Its value is the reward for advantages as is")
+    reward_threshold: float = option(0.5, doc="a rollout counts as a success for allocation (SARA, Pilot-Commit, "
+                                              "DS, PS, selection, pass rates) iff its reward >= this")
 
     def validate(self) -> None:
         from passrate_jax.data.tasks import TASKS
@@ -66,9 +74,12 @@ class DataConfig:
         if self.template.count("{prompt}") != 1:
             raise ConfigError(f"template = {self.template!r}: must contain {{prompt}} exactly once")
         if self.source == "env":
-            from passrate_jax.envs import ENVS
+            from passrate_jax.envs import resolve_env
 
-            levels = ENVS[self.env].levels
+            if self.reward_fn:
+                raise ConfigError(f"reward_fn = {self.reward_fn!r}: not used with source env (the environment's "
+                                  "reward(task, state) scores episodes)")
+            levels = resolve_env(self.env, field="env").levels
             if self.level > levels or self.max_level > levels:
                 raise ConfigError(f"level = {self.level}, max_level = {self.max_level}: environment {self.env} has "
                                   f"levels 1..{levels} (0: all)")
@@ -79,10 +90,23 @@ class DataConfig:
             raise ConfigError(f"level = {self.level}: {self.task} has levels 1..{levels} (0: mixed)")
         if self.source == "builtin" and self.max_level > levels:
             raise ConfigError(f"max_level = {self.max_level}: {self.task} has levels 1..{levels} (0: all)")
+        if self.source in ("jsonl", "parquet", "tfds"):
+            # These only shape procedural problems; a file or dataset is taken as it is.
+            for key in ("level", "max_level", "train_size"):
+                if getattr(self, key) != 0:
+                    raise ConfigError(f"{key} = {getattr(self, key)}: ignored by source {self.source} (it "
+                                      f"applies to sources builtin and env); set data.{key}=0")
         if self.source in ("jsonl", "parquet") and not self.path:
             raise ConfigError(f"path = '': source {self.source} needs a file")
         if self.source == "tfds" and not self.tfds_name:
             raise ConfigError("tfds_name = '': source tfds needs a dataset name")
+        if self.reward_fn:
+            from passrate_jax.plugins import load_reward_fn
+
+            if self.verifier != "auto":
+                raise ConfigError(f"verifier = {self.verifier!r}, reward_fn = {self.reward_fn!r}: give one (the "
+                                  "reward function replaces the verifier)")
+            load_reward_fn(self.reward_fn, field="reward_fn")  # configlib prefixes the section: data.reward_fn
         if self.verifier == "task" and not self._builtin_data:
             raise ConfigError(f"verifier = 'task': only for built-in task data, not source {self.source} "
                               f"{self.tfds_name or self.path!r}")
@@ -132,9 +156,21 @@ class CheckpointConfig:
 
 @dataclasses.dataclass(frozen=True)
 class LoggingConfig:
-    """Metrics output (metrics.jsonl gets a record every step)."""
+    """Metrics output (metrics.jsonl gets a record every step; TensorBoard and W&B get the same)."""
     tensorboard: bool = option(True)
     progress_bar: bool = option(True)
+    wandb: bool = option(False, doc="also log every metrics.jsonl key and the plots to Weights & Biases "
+                                    "(pip install 'passrate-jax[wandb]')")
+    wandb_project: str = option("passrate-jax", doc="W&B project")
+    wandb_name: str = option("", doc="W&B run name; empty: the run directory's name")
+    wandb_tags: tuple[str, ...] = option((), doc="W&B run tags")
+    wandb_mode: Literal["online", "offline", "disabled"] = option(
+        "online", doc="offline: write the W&B run under run_dir/wandb with no network (upload with wandb sync)")
+
+    def validate(self) -> None:
+        if self.wandb:
+            from passrate_jax.trackers import check_wandb_installed
+            check_wandb_installed()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,36 +226,6 @@ class Config:
         return (f"optimizer: warm-up + decay end at update {end} (step {-(-end // per_step)} of {self.steps}, "
                 f"{per_step} updates per step); the learning rate stays at {floor:g} after it. Warm-up and decay "
                 "count optimizer updates: scale optimizer.decay_steps by rl.ppo_epochs * rl.minibatches")
-
-
-def _merge(base: dict, over: dict) -> dict:
-    out = dict(base)
-    for k, v in over.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
-
-
-def read_preset(path: str | os.PathLike, _seen: tuple = ()) -> dict:
-    """A YAML preset as a dict. A top-level ``base: other.yaml`` (relative to this file) is loaded first
-    and this file's keys are merged over it, section by section, so presets state only what differs."""
-    path = os.path.abspath(os.fspath(path))
-    if path in _seen:
-        raise ConfigError(f"config file {path!r}: circular base chain {' -> '.join(_seen + (path,))}")
-    try:
-        with open(path) as f:
-            data = yaml.safe_load(f) or {}
-    except FileNotFoundError:
-        raise ConfigError(f"config file {path!r} does not exist") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"config file {path!r} is not valid YAML: {e}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"config file {path!r}: top level must be a mapping, got {type(data).__name__}")
-    base = data.pop("base", None)
-    if base is not None:
-        if not isinstance(base, str):
-            raise ConfigError(f"base = {base!r} in {path!r}: expected a file name")
-        data = _merge(read_preset(os.path.join(os.path.dirname(path), base), _seen + (path,)), data)
-    return data
 
 
 def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:

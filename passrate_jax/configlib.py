@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
 import types
 import typing
 from typing import Any, Literal
@@ -238,3 +239,40 @@ def describe(cls, prefix: str = "") -> list[str]:
         lines.append(f"{key}: {_type_name(tp)} = {default!r}" + (f" [{', '.join(allowed)}]" if allowed else "")
                      + (f"  # {doc}" if doc else ""))
     return lines
+
+
+def add_config_arguments(parser) -> None:
+    """``--config FILE`` and trailing ``key.sub=value`` overrides on an ``argparse`` parser, shared by every
+    subcommand that takes a config (here, below the command modules, so none of them imports ``cli``)."""
+    parser.add_argument("--config", default=None, help="YAML preset (default: built-in defaults)")
+    parser.add_argument("overrides", nargs="*", metavar="key.sub=value", help="dotted config overrides")
+
+
+def _merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def read_preset(path: str | os.PathLike, _seen: tuple = ()) -> dict:
+    """A YAML preset as a dict. A top-level ``base: other.yaml`` (relative to this file) is loaded first
+    and this file's keys are merged over it, section by section, so presets state only what differs."""
+    path = os.path.abspath(os.fspath(path))
+    if path in _seen:
+        raise ConfigError(f"config file {path!r}: circular base chain {' -> '.join(_seen + (path,))}")
+    try:
+        with open(path) as f:
+            data = yaml.safe_load(f) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path!r} does not exist") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config file {path!r} is not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path!r}: top level must be a mapping, got {type(data).__name__}")
+    base = data.pop("base", None)
+    if base is not None:
+        if not isinstance(base, str):
+            raise ConfigError(f"base = {base!r} in {path!r}: expected a file name")
+        data = _merge(read_preset(os.path.join(os.path.dirname(path), base), _seen + (path,)), data)
+    return data

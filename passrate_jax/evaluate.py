@@ -61,24 +61,38 @@ def summarise(correct, levels, successes=None, num_samples: int = 0, ks: Sequenc
     """The result dict of an evaluation: greedy accuracy overall and per level from per-prompt ``correct``
     (0/1); with per-prompt ``successes`` out of ``num_samples``, the mean accuracy of the samples overall and
     per level (``sampled_accuracy``: pass@1 estimated from all samples) and pass@k for each k <= ``num_samples``.
-    ``per_prompt`` keeps the per-prompt arrays for :func:`paired_difference`."""
+    ``mean@n`` is ``sampled_accuracy`` by its usual name. Every mean over prompts comes with its standard
+    error over prompts (``accuracy_se``, ``sampled_accuracy_se``, ``pass@k_se``: sample standard deviation
+    / sqrt(prompts); NaN below two prompts). ``per_prompt`` keeps the per-prompt arrays for
+    :func:`paired_difference`."""
     correct, levels = np.asarray(correct, float), np.asarray(levels)
 
     def by_level(values):
         return {int(lv): float(values[levels == lv].mean()) for lv in np.unique(levels)}
 
     out = {"accuracy": float(correct.mean()) if len(correct) else float("nan"),
+           "accuracy_se": standard_error(correct),
            "accuracy_by_level": by_level(correct),
            "per_prompt": {"correct": correct, "successes": None if successes is None else np.asarray(successes, int),
                           "num_samples": num_samples}}
     if successes is not None:
         rate = np.asarray(successes, float) / num_samples
         out["sampled_accuracy"] = float(rate.mean()) if len(rate) else float("nan")
+        out["sampled_accuracy_se"] = standard_error(rate)
+        out[f"mean@{num_samples}"] = out["sampled_accuracy"]
         out["sampled_accuracy_by_level"] = by_level(rate)
         for k in ks:
             if k <= num_samples:
-                out[f"pass@{k}"] = float(np.mean([pass_at_k(num_samples, int(c), k) for c in successes]))
+                estimates = np.asarray([pass_at_k(num_samples, int(c), k) for c in successes])
+                out[f"pass@{k}"] = float(estimates.mean())
+                out[f"pass@{k}_se"] = standard_error(estimates)
     return out
+
+
+def standard_error(values) -> float:
+    """Standard error of the mean of per-prompt ``values``: sample std (ddof 1) / sqrt(n); NaN for n < 2."""
+    values = np.asarray(values, float)
+    return float(values.std(ddof=1) / np.sqrt(len(values))) if len(values) > 1 else float("nan")
 
 
 def mcnemar_exact_p(fixed: int, broken: int) -> float:
@@ -104,5 +118,5 @@ def paired_difference(before: dict, after: dict) -> dict:
     if a["successes"] is not None and b["successes"] is not None:
         d = b["successes"] / b["num_samples"] - a["successes"] / a["num_samples"]
         out["sampled_accuracy"] = float(d.mean())
-        out["sampled_accuracy_se"] = float(d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else float("nan")
+        out["sampled_accuracy_se"] = standard_error(d)
     return out

@@ -1,76 +1,139 @@
-"""The host-side allocation loop of one training step (DESIGN.md section 3).
+"""The host-side allocation loop of one training step (DESIGN.md section 3), written once for every kind
+of rollout.
 
-One step is rounds of (allocator requests -> sampler -> verifier -> allocator observe), Prefix
-Sampling re-rollout rounds included, then the allocator's ``finish`` names the groups to train on.
-No algorithm lives here: the allocator decides, the sampler generates, the verifier scores; this
-module wires them and counts what happened.
+One step is rounds of (allocator requests -> backend: contexts, generate, score, record -> allocator
+observe), Prefix Sampling re-rollout rounds included, then the allocator's ``finish`` names the groups
+to train on. No algorithm lives here: the allocator decides; a :class:`RolloutBackend` (text answers:
+``passrate_jax.rollouts.TextRollouts``; environment episodes: ``passrate_jax.envs.rollouts.EnvRollouts``)
+generates, scores and keeps the trajectories; this module wires them and keeps the step's one table of
+rollouts, from which the allocator's results and the step's metrics are read.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Sequence
+from typing import Protocol
 
 import numpy as np
 
-from passrate_jax.allocation import Allocator, AllocatorState, Result, StepResult
+from passrate_jax.allocation import Allocator, AllocatorState, Request, Result, StepResult, TrainGroup
 from passrate_jax.allocation.prefix_control import bucket_successes
-from passrate_jax.rollouts import RolloutStore
-from passrate_jax.sampling.sampler import Sampler
+
+
+class RolloutBackend(Protocol):
+    """One kind of rollout, as the round loop and the trainer drive it.
+
+    A round: ``contexts`` (where each request's rollouts start; None where a start cannot be rebuilt,
+    e.g. an environment replay that fails its determinism check: the request is not observed) ->
+    ``generate`` (each context's rollouts, in sample order) -> ``score`` (per-rollout columns of the step
+    table, see :class:`RolloutTable`) -> ``record`` (keep the trajectories, with what of their scores the
+    update needs). After the step, ``batch``
+    builds the update's padded arrays of the trained groups and ``metrics`` adds the backend's own
+    counters. ``retain`` / ``to_json`` / ``load_json``: the trajectories a checkpoint keeps.
+    ``warm_start`` / ``evaluate``: the kind's supervised warm start and held-out evaluation.
+    """
+
+    def contexts(self, requests: Sequence[Request]) -> list: ...
+
+    def generate(self, contexts: Sequence, params, seed: int) -> list[list]: ...
+
+    def score(self, requests: Sequence[Request], rollouts: Sequence[list]) -> dict[str, np.ndarray]: ...
+
+    def record(self, requests: Sequence[Request], rollouts: Sequence[list], scores: dict[str, np.ndarray]) -> None: ...
+
+    def batch(self, groups: Sequence[TrainGroup], rows: int) -> dict[str, np.ndarray]: ...
+
+    def metrics(self, table: RolloutTable) -> dict: ...
+
+    def retain(self, keys) -> None: ...
+
+    def to_json(self) -> dict: ...
+
+    def load_json(self, data: dict) -> None: ...
+
+    def warm_start(self, session, progress: bool) -> dict | None: ...
+
+    def evaluate(self, session, params, *, seed: int, num_samples: int, ks) -> dict: ...
+
+
+class RolloutTable:
+    """Every rollout of one step, one row each in generation order: the one record of the step's outcomes.
+
+    Columns (numpy, by ``table[name]``): ``group_key``, ``index`` (the rollout's index in its group),
+    ``observed``, ``reward`` (0/1: the success the allocator sees), ``truncated``, ``verifier_error``
+    (the verifier raised on this answer: reward 0), and the backend's own (text answers: ``score``, the
+    reward as scored, e.g. a reward plugin's float; environments: ``turns``, ``action_errors``). The rows of an
+    unobserved request (nothing was generated) have ``observed`` False and 0 in every other column.
+    """
+
+    def __init__(self):
+        self._columns: dict[str, list[np.ndarray]] = {}
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        parts = self._columns.get(name, [])
+        return np.concatenate(parts) if parts else np.zeros(0, int)
+
+    def __len__(self) -> int:
+        return len(self["group_key"])
+
+    def add(self, requests: Sequence[Request], observed: Sequence[bool], scores: dict[str, np.ndarray]) -> list[Result]:
+        """Append one round: ``scores`` holds the observed requests' rollouts, request by request; returns
+        the round's results for the allocator."""
+        results, pos = [], 0
+        for req, seen in zip(requests, observed):
+            n = req.num_rollouts
+            rows = {k: v[pos:pos + n] if seen else np.zeros(n, v.dtype) for k, v in scores.items()}
+            pos += n if seen else 0
+            rows.update(group_key=np.full(n, req.group_key), index=req.first_index + np.arange(n),
+                        observed=np.full(n, bool(seen)))
+            for k, v in rows.items():
+                self._columns.setdefault(k, []).append(v)
+            results.append(Result(req.group_key, tuple(int(x) for x in rows["reward"]), observed=bool(seen)))
+        return results
+
+    def unobserved_groups(self) -> set[int]:
+        return {int(k) for k in self["group_key"][~self["observed"].astype(bool)]}
 
 
 @dataclasses.dataclass
 class StepRollouts:
-    """What the rollout phase of a step produced: the allocator's result, the next allocator state,
-    and counters for the metrics (rewards of every rollout generated, sampler rows by finish reason)."""
+    """What the rollout phase of a step produced: the allocator's result (unobserved groups left out),
+    the next allocator state, and the step's table of rollouts."""
     result: StepResult
     state: AllocatorState
-    rewards: list[int]
-    truncated: int
-    verifier_errors: int
+    table: RolloutTable
 
 
-def collect_rollouts(allocator: Allocator, state: AllocatorState, store: RolloutStore, sampler: Sampler, params,
-                     *, seed: int, max_new_tokens: int, decode: Callable[[list[int]], str],
-                     verify: Callable[[list[int], list[str]], np.ndarray]) -> StepRollouts:
-    """Run one step's allocation rounds with the real sampler and verifier.
-
-    ``verify(prompt_indices, response_texts)`` returns one reward per response (a round's responses are
-    scored in one call, so a process-pool verifier works in parallel). Should it raise, the round's
-    rewards are 0 and counted as verifier errors: a verifier never stops training. Rewards are
-    binarised at 0.5 for the allocator.
-    """
+def collect_rollouts(allocator: Allocator, state: AllocatorState, backend: RolloutBackend, params, *,
+                     seed: int) -> StepRollouts:
+    """Run one step's allocation rounds with ``backend``. A request the backend cannot start is sent
+    to the allocator as not observed (its rollouts count as spent, nothing is learned from them) and its
+    group is left out of the update."""
     run = allocator.start_step(state)
-    all_rewards: list[int] = []
-    truncated = errors = 0
+    table = RolloutTable()
     while requests := run.requests():
-        contexts = store.contexts(requests, max_new_tokens)
-        out = sampler.generate(contexts, seed=seed, params=params)
-        truncated += int((~out.stopped).sum())
-        completions = [out.completion(row) for row in range(len(out.context_index))]
-        prompts = [requests[c].prompt_id for c in out.context_index]
-        texts = [decode(store.groups[requests[c].group_key].prefix + comp)
-                 for c, comp in zip(out.context_index, completions)]
-        try:
-            rewards = (np.asarray(verify(prompts, texts), np.float32) >= 0.5).astype(int)
-        except Exception:  # noqa: BLE001 - reward 0 and a counted error, never a crash
-            rewards, errors = np.zeros(len(texts), int), errors + len(texts)
-        results = []
-        for c, req in enumerate(requests):
-            rows = np.flatnonzero(out.context_index == c)
-            store.record(req, [completions[r] for r in rows], rewards[rows].tolist())
-            results.append(Result(req.group_key, tuple(int(x) for x in rewards[rows])))
-        all_rewards += rewards.tolist()
-        run.observe(results)
+        contexts = backend.contexts(requests)
+        observed = [c is not None for c in contexts]
+        live = [r for r, seen in zip(requests, observed) if seen]
+        rollouts = backend.generate([c for c in contexts if c is not None], params, seed)
+        scores = backend.score(live, rollouts)
+        backend.record(live, rollouts, scores)
+        run.observe(table.add(requests, observed, scores))
     result, new_state = run.finish()
-    return StepRollouts(result, new_state, all_rewards, truncated, errors)
+    if unobserved := table.unobserved_groups():
+        result = dataclasses.replace(result, groups=[g for g in result.groups if g.group_key not in unobserved])
+    return StepRollouts(result, new_state, table)
 
 
-def rollout_metrics(allocator: Allocator, rollouts: StepRollouts) -> dict:
+def rollout_metrics(allocator: Allocator, rollouts: StepRollouts, backend: RolloutBackend) -> dict:
     """Per-step counters: rollouts spent, valid groups, useful rollouts, pass-rate histogram of the
-    trained groups, and per Prefix Sampling bucket (named by its success count) the re-rollout pass rate,
-    the controller's ratio and EMA."""
-    r, n = rollouts.result, allocator.cfg.group_size
+    trained groups, per Prefix Sampling bucket (named by its success count) the re-rollout pass rate,
+    the controller's ratio and EMA, then the backend's own counters. Generated-rollout counters
+    (accuracy, truncation, verifier errors) count observed rollouts only."""
+    r, n, table = rollouts.result, allocator.cfg.group_size, rollouts.table
+    seen = table["observed"].astype(bool)
+    rewards = table["reward"][seen]
     valid = [g for g in r.groups if g.valid]
     hist = np.zeros(n + 1, int)
     for g in r.groups:
@@ -86,9 +149,9 @@ def rollout_metrics(allocator: Allocator, rollouts: StepRollouts) -> dict:
         # spent in earlier steps, so only the run's cumulative ratio is bounded by 1 (see train.py).
         "useful_rollouts": sum(len(g.rewards) for g in valid),
         "abandoned": len(r.abandoned),
-        "train_accuracy": float(np.mean(rollouts.rewards)) if rollouts.rewards else float("nan"),
-        "truncated_rollouts": rollouts.truncated,
-        "verifier_errors": rollouts.verifier_errors,
+        "train_accuracy": float(np.mean(rewards)) if len(rewards) else float("nan"),
+        "truncated_rollouts": int(table["truncated"][seen].sum()),
+        "verifier_errors": int(table["verifier_error"][seen].sum()),
         "replay_groups": sum(g.prefix is not None for g in r.groups),
         "pass_rate_hist": hist.tolist(),
     }
@@ -100,4 +163,4 @@ def rollout_metrics(allocator: Allocator, rollouts: StepRollouts) -> dict:
             m[f"ps/ema/{s}"] = float(ema[b])
             if r.replay_rollouts[b] > 0:
                 m[f"ps/pass_rate/{s}"] = float(r.replay_successes[b] / r.replay_rollouts[b])
-    return m
+    return {**m, **backend.metrics(table)}

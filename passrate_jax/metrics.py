@@ -1,4 +1,5 @@
-"""Metrics sinks: one JSON object per step in ``metrics.jsonl`` and TensorBoard event files.
+"""Metrics sinks: one JSON object per step in ``metrics.jsonl``, TensorBoard event files, and trackers
+such as Weights & Biases (``passrate_jax/trackers.py``), which receive the same records.
 
 Values are converted to plain Python numbers on the host; non-finite floats are written as JSON
 ``null`` (JSON has no NaN) and skipped in TensorBoard.
@@ -13,6 +14,8 @@ from typing import Any
 
 import numpy as np
 from etils import epath
+
+from passrate_jax.runfiles import is_remote, read_jsonl  # noqa: F401 - read_jsonl is public here too
 
 
 def to_python(value: Any) -> Any:
@@ -29,24 +32,38 @@ def to_python(value: Any) -> Any:
     return value
 
 
-def is_remote(path: str | os.PathLike) -> bool:
-    """A URL such as ``gs://bucket/run`` (read and written through etils.epath) rather than a local path."""
-    return "://" in os.fspath(path)
+def _complete_records(text: str) -> list[dict]:
+    """The records of a metrics file, without a last line that a killed process left half written
+    (its step has no checkpoint, since a step's record is written before its checkpoint)."""
+    lines = text.splitlines(keepends=True)
+    if lines and not lines[-1].endswith("\n"):
+        lines = lines[:-1]
+    return [json.loads(line) for line in lines if line.strip()]
 
 
-def read_jsonl(path: str | os.PathLike) -> list[dict]:
-    """All records of a metrics file (a local path or a ``gs://`` URL), in order."""
-    return [json.loads(line) for line in epath.Path(path).read_text().splitlines() if line.strip()]
+def write_text_atomic(path: epath.Path, text: str) -> None:
+    """Replace the file at ``path`` with ``text`` so that a kill at any moment leaves the old or the new
+    file, never a truncated one (an object store's write is atomic already)."""
+    if is_remote(path):
+        path.write_text(text)
+        return
+    tmp = f"{os.fspath(path)}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, os.fspath(path))
 
 
 class MetricsWriter:
     """Appends step records to ``run_dir/metrics.jsonl`` and, optionally, TensorBoard events under
     ``run_dir/tensorboard``. Appending lets a resumed run continue the same file; ``truncate_after``
-    drops records past the checkpoint a run resumes from, so no step appears twice. A ``gs://`` run
+    drops records past the checkpoint a run resumes from, so no step appears twice (-1 for a run
+    that starts afresh: records of an attempt killed before its first checkpoint are dropped). A ``gs://`` run
     directory has no append: the file is rewritten whole at every step (a few KB per step)."""
 
     def __init__(self, run_dir: str | os.PathLike, tensorboard: bool = True, truncate_after: int | None = None,
-                 enabled: bool = True):
+                 enabled: bool = True, trackers=None):
         self.enabled = enabled  # False on every host but the first of a multi-process run: one writer
         self._tb = None
         if not enabled:
@@ -56,14 +73,16 @@ class MetricsWriter:
         self._remote = is_remote(run_dir)
         self._lines: list[str] = []
         if self.path.exists():
-            self._lines = [json.dumps(r) + "\n" for r in read_jsonl(self.path)
+            self._lines = [json.dumps(r) + "\n" for r in _complete_records(self.path.read_text())
                            if truncate_after is None or r.get("step", 0) <= truncate_after]
             if truncate_after is not None:
-                self.path.write_text("".join(self._lines))
+                write_text_atomic(self.path, "".join(self._lines))
         self._file = None if self._remote else open(self.path, "a")
         if tensorboard:
             from tensorboardX import SummaryWriter
             self._tb = SummaryWriter(os.path.join(os.fspath(run_dir), "tensorboard"))
+        # A callable run_dir -> trackers, called only on the writing host (so one W&B run per run).
+        self._trackers = list(trackers(run_dir)) if trackers is not None else []
 
     def write(self, record: dict) -> None:
         """Write one step's record; it must hold ``step``."""
@@ -82,6 +101,18 @@ class MetricsWriter:
             for key, value in flatten(record):
                 if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
                     self._tb.add_scalar(key, value, step)
+        for tracker in self._trackers:
+            tracker.log(record)
+
+    @classmethod
+    def for_run(cls, cfg, run_dir: str | os.PathLike, *, truncate_after: int | None = None,
+                enabled: bool = True) -> MetricsWriter:
+        """The writer a run's config asks for (``cfg.logging``: TensorBoard, W&B with the config attached)."""
+        from passrate_jax.configlib import to_dict
+        from passrate_jax.trackers import make_trackers
+
+        return cls(run_dir, tensorboard=cfg.logging.tensorboard, truncate_after=truncate_after, enabled=enabled,
+                   trackers=lambda d: make_trackers(cfg.logging, os.fspath(d), to_dict(cfg)))
 
     def close(self) -> None:
         if not self.enabled:
@@ -90,6 +121,8 @@ class MetricsWriter:
             self._file.close()
         if self._tb is not None:
             self._tb.close()
+        for tracker in self._trackers:
+            tracker.close()
 
 
 def flatten(record: dict, prefix: str = "", sep: str = "/"):

@@ -1,21 +1,29 @@
-"""Host-side rollout bookkeeping for the training loop: the trajectory store, Prefix Sampling cuts,
-sampler contexts for allocator requests, and the padded update batch of the trained groups.
+"""Rollouts of text answers: the :class:`passrate_jax.loop.RolloutBackend` of prompt-and-verifier tasks.
+
+A request becomes one sampler context (the prompt, plus the replayed prefix of a Prefix Sampling
+re-rollout group); each answer is decoded and scored by the run's verifier; the trajectories (the
+generated ids, by group key and rollout index) are kept for later replays and for the update batch,
+whose loss mask covers the generated ids only (prompt and replayed prefix are context).
 
 Everything here is plain Python / numpy on the host; the arrays it builds go to the jitted sampler
-and update. The store is JSON-serialisable so a checkpoint keeps the trajectories that later steps
-may replay (the allocator names them in ``StepResult.retained_keys``).
+and update. The trajectories are JSON-serialisable so a checkpoint keeps those that later steps may
+replay (the allocator names them in ``StepResult.retained_keys``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import numpy as np
 
 from passrate_jax.allocation import Request, TrainGroup
-from passrate_jax.sampling.sampler import Context, bucket
+from passrate_jax.sampling.sampler import Context, Sampler, bucket
+
+# Padded widths (prompt + response tokens) of the update batch: a run compiles one update per width used.
+WIDTH_BUCKETS = (64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192)
 
 
 def cut_prefix(response: Sequence[int], ratio: float, newline_id: int | None = None) -> list[int]:
@@ -35,25 +43,76 @@ def cut_prefix(response: Sequence[int], ratio: float, newline_id: int | None = N
     return list(response[:cut])
 
 
+def score_each(verify: Callable[[list[int], list[str]], np.ndarray], prompts: list[int],
+               texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Rewards float32 [n] of ``texts`` (answers to prompt indices ``prompts``) and bool [n], True where
+    the verifier raised. The answers are scored in one call (so a process-pool verifier works in
+    parallel); should that call raise, each answer is scored alone, so an exception costs only the
+    answer that raised it (reward 0): a verifier never stops training nor zeroes other answers."""
+    n = len(texts)
+    if n == 0:
+        return np.zeros(0, np.float32), np.zeros(0, bool)
+
+    def call(p, t) -> np.ndarray:
+        out = np.asarray(verify(p, t), np.float32).reshape(-1)
+        if out.shape != (len(t),):
+            raise ValueError(f"the verifier returned {out.shape[0]} rewards for {len(t)} answers")
+        return out
+
+    try:
+        return call(prompts, texts), np.zeros(n, bool)
+    except Exception:  # noqa: BLE001 - find the answers that raise; the others keep their rewards
+        rewards, errors = np.zeros(n, np.float32), np.zeros(n, bool)
+        for i in range(n):
+            try:
+                rewards[i] = call(prompts[i:i + 1], texts[i:i + 1])[0]
+            except Exception:  # noqa: BLE001 - reward 0 and a counted error, never a crash
+                errors[i] = True
+        return rewards, errors
+
+
+class Completion(NamedTuple):
+    """One generated answer: its ids (stop token included) and whether it ended on a stop token."""
+    ids: list[int]
+    stopped: bool
+
+
 @dataclasses.dataclass
-class GroupRecord:
-    """One group's rollouts: the prompt index, the replayed prefix (empty for a fresh group) and each
-    rollout's generated ids and reward, by rollout index within the group."""
+class TextGroup:
+    """One group's trajectories: the prompt index, the replayed prefix (empty for a fresh group) and,
+    by rollout index within the group, each rollout's generated ids and its reward as scored (what the
+    update trains on; the allocator's success bits are ``TrainGroup.rewards``). A trained group may hold
+    rollouts of earlier steps (Pilot-Commit), so the scored rewards live here, with the trajectories,
+    not only in a step's table."""
     prompt: int
     prefix: list[int]
     completions: dict[int, list[int]] = dataclasses.field(default_factory=dict)
-    rewards: dict[int, int] = dataclasses.field(default_factory=dict)
+    rewards: dict[int, float] = dataclasses.field(default_factory=dict)
 
 
-class RolloutStore:
-    """Trajectories by group key. ``prompt_ids(i)`` gives prompt i's token ids (with BOS)."""
+class TextRollouts:
+    """The text backend. ``prompt_ids(i)``: prompt i's token ids (with BOS); ``decode``: ids -> text;
+    ``verify(prompt_indices, texts)``: one reward per answer; ``max_new_tokens``: an answer's budget
+    (prefix included); ``newline_id``: where a Prefix Sampling cut may snap to; ``success_threshold``:
+    a reward at or above it is a success for the allocator (``data.reward_threshold``)."""
 
-    def __init__(self, prompt_ids, newline_id: int | None):
-        self.prompt_ids = prompt_ids
-        self.newline_id = newline_id
-        self.groups: dict[int, GroupRecord] = {}
+    def __init__(self, sampler: Sampler, prompt_ids: Callable[[int], Sequence[int]], *,
+                 decode: Callable[[list[int]], str], verify: Callable[[list[int], list[str]], np.ndarray],
+                 max_new_tokens: int, pad_id: int, newline_id: int | None = None,
+                 success_threshold: float = 0.5, width_buckets: Sequence[int] = WIDTH_BUCKETS):
+        self.sampler, self.prompt_ids, self.decode, self.verify = sampler, prompt_ids, decode, verify
+        self.max_new_tokens, self.pad_id, self.newline_id = max_new_tokens, pad_id, newline_id
+        self.success_threshold, self.width_buckets = float(success_threshold), tuple(width_buckets)
+        self.groups: dict[int, TextGroup] = {}
 
-    def contexts(self, requests: Sequence[Request], max_new_tokens: int) -> list[Context]:
+    @classmethod
+    def for_session(cls, session) -> TextRollouts:
+        return cls(session.sampler, session.prompt_ids, decode=session.decode, verify=session.verify,
+                   max_new_tokens=session.cfg.sampling.max_new_tokens, pad_id=session.tokenizer.pad_id,
+                   newline_id=session.newline_id, success_threshold=session.cfg.data.reward_threshold)
+
+    # ------------------------------------------------------------------ a round
+    def contexts(self, requests: Sequence[Request]) -> list[Context]:
         """Sampler contexts for one round of requests. A group's randomness is keyed by its group key
         and rollout index, so a row samples the same tokens whatever batch it lands in."""
         out = []
@@ -64,24 +123,73 @@ class RolloutStore:
                 if r.prefix is not None:
                     src = self.groups[r.prefix.source_group].completions[r.prefix.source_rollout]
                     prefix = cut_prefix(src, r.prefix.cut_ratio, self.newline_id)
-                g = self.groups[r.group_key] = GroupRecord(prompt=r.prompt_id, prefix=prefix)
+                g = self.groups[r.group_key] = TextGroup(prompt=r.prompt_id, prefix=prefix)
             out.append(Context(prompt_ids=self.prompt_ids(g.prompt), prefix_ids=g.prefix,
                                num_samples=r.num_rollouts, context_id=r.group_key,
                                first_sample_index=r.first_index,
-                               max_new_tokens=max(1, max_new_tokens - len(g.prefix))))
+                               max_new_tokens=max(1, self.max_new_tokens - len(g.prefix))))
         return out
 
-    def record(self, request: Request, completions: Sequence[list[int]], rewards: Sequence[int]) -> None:
-        g = self.groups[request.group_key]
-        for j, (ids, reward) in enumerate(zip(completions, rewards)):
-            g.completions[request.first_index + j] = list(ids)
-            g.rewards[request.first_index + j] = int(reward)
+    def generate(self, contexts: Sequence[Context], params, seed: int) -> list[list[Completion]]:
+        if not contexts:
+            return []
+        out = self.sampler.generate(list(contexts), seed=seed, params=params)
+        rows = [np.flatnonzero(out.context_index == c) for c in range(len(contexts))]
+        return [[Completion(out.completion(r), bool(out.stopped[r])) for r in mine] for mine in rows]
+
+    def score(self, requests: Sequence[Request], rollouts: Sequence[list[Completion]]) -> dict[str, np.ndarray]:
+        """The round's answers decoded (replayed prefix included) and verified in one call: ``score``, the
+        reward as scored (a reward plugin's float as is), and ``reward``, the allocator's success bit
+        (score >= ``success_threshold``)."""
+        prompts, texts = [], []
+        for req, answers in zip(requests, rollouts):
+            prefix = self.groups[req.group_key].prefix
+            prompts += [req.prompt_id] * len(answers)
+            texts += [self.decode(prefix + a.ids) for a in answers]
+        scores, errors = score_each(self.verify, prompts, texts)
+        return {"reward": (scores >= self.success_threshold).astype(np.int64), "score": scores,
+                "verifier_error": errors,
+                "truncated": np.array([not a.stopped for answers in rollouts for a in answers], bool)}
+
+    def record(self, requests: Sequence[Request], rollouts: Sequence[list[Completion]],
+               scores: dict[str, np.ndarray]) -> None:
+        """Keep each answer's ids and its scored reward (the update trains on it, possibly in a later step)."""
+        pos = 0
+        for req, answers in zip(requests, rollouts):
+            g = self.groups[req.group_key]
+            for j, a in enumerate(answers):
+                g.completions[req.first_index + j] = list(a.ids)
+                g.rewards[req.first_index + j] = float(scores["score"][pos])
+                pos += 1
+
+    # ------------------------------------------------------------------ after the rounds
+    def batch(self, groups: Sequence[TrainGroup], rows: int) -> dict[str, np.ndarray]:
+        """Rows of every trained group's rollouts, right-padded to ``rows`` x a width bucket (see
+        :func:`pack_rows`): loss mask on the generated ids only, rewards as scored."""
+        seqs, masks, rewards, gids = [], [], [], []
+        for gi, tg in enumerate(groups):
+            g = self.groups[tg.group_key]
+            context = list(self.prompt_ids(g.prompt)) + g.prefix
+            for i, success in enumerate(tg.rewards):
+                comp = g.completions[i]
+                seqs.append(context + comp)
+                masks.append([0] * len(context) + [1] * len(comp))
+                # The scored reward, not the allocator's success bit (a checkpoint from before scores
+                # were kept has only the bit).
+                rewards.append(g.rewards.get(i, float(success)))
+                gids.append(gi)
+        return pack_rows(seqs, masks, rewards, gids, num_groups=len(groups), rows=rows,
+                         width_buckets=self.width_buckets, pad_id=self.pad_id)
+
+    def metrics(self, table) -> dict:
+        return {}
 
     def response(self, group_key: int, index: int) -> list[int]:
         """Prefix + completion ids of one rollout: the whole response the verifier scores."""
         g = self.groups[group_key]
         return g.prefix + g.completions[index]
 
+    # ------------------------------------------------------------------ the checkpointed trajectories
     def retain(self, keys) -> None:
         """Free every group not in ``keys``."""
         self.groups = {k: g for k, g in self.groups.items() if k in keys}
@@ -92,38 +200,40 @@ class RolloutStore:
                          "rewards": {str(i): r for i, r in g.rewards.items()}} for k, g in self.groups.items()}
 
     def load_json(self, data: dict) -> None:
-        self.groups = {int(k): GroupRecord(prompt=v["prompt"], prefix=list(v["prefix"]),
-                                           completions={int(i): list(c) for i, c in v["completions"].items()},
-                                           rewards={int(i): int(r) for i, r in v["rewards"].items()})
+        """Inverse of :meth:`to_json`."""
+        self.groups = {int(k): TextGroup(prompt=v["prompt"], prefix=list(v["prefix"]),
+                                         completions={int(i): list(c) for i, c in v["completions"].items()},
+                                         rewards={int(i): float(r) for i, r in v.get("rewards", {}).items()})
                        for k, v in data.items()}
 
+    # ------------------------------------------------------------------ the kind's other jobs
+    def warm_start(self, session, progress: bool) -> dict | None:
+        """Supervised warm start on the built-in tasks' reference solutions (other sources have none)."""
+        if session.cfg.data.source != "builtin":
+            session.log("warm start: skipped (only the built-in tasks have reference solutions)")
+            return None
+        from passrate_jax.sft import run_warm_start
+        return run_warm_start(session.cfg, session.model, session.tokenizer, progress=progress, log=session.log)
 
-def batch_arrays(store: RolloutStore, groups: Sequence[TrainGroup], *, rows: int, width_buckets: Sequence[int],
-                 pad_id: int) -> dict[str, np.ndarray]:
-    """Rows of every trained group's rollouts, right-padded to ``rows`` x a width bucket.
+    def evaluate(self, session, params, *, seed: int, num_samples: int, ks) -> dict:
+        """Greedy held-out accuracy (overall and per level); pass@k with ``num_samples``."""
+        from passrate_jax.evaluate import EvalPrompt, evaluate
 
-    Returns numpy arrays: tokens, attention_mask, loss_mask (generated tokens only: prompt and
-    replayed prefix are context), rewards [rows], group_ids [rows] (padding rows get their own id
-    and an all-zero mask, so they change no group statistic).
-    """
-    seqs, masks, rewards, gids = [], [], [], []
-    for gi, tg in enumerate(groups):
-        g = store.groups[tg.group_key]
-        context = list(store.prompt_ids(g.prompt)) + g.prefix
-        for i in range(len(tg.rewards)):
-            comp = g.completions[i]
-            seqs.append(context + comp)
-            masks.append([0] * len(context) + [1] * len(comp))
-            rewards.append(float(tg.rewards[i]))
-            gids.append(gi)
-    return pack_rows(seqs, masks, rewards, gids, num_groups=len(groups), rows=rows, width_buckets=width_buckets,
-                     pad_id=pad_id)
+        def verifier(record):
+            return lambda text: float(session.score([record], [text])[0] >= self.success_threshold)
+        prompts = [EvalPrompt(ids, verifier(r), int(r.metadata.get("level", 0)))
+                   for r, ids in zip(session.heldout, session.heldout_tokens)]
+        if not prompts:
+            return {"accuracy": float("nan"), "accuracy_by_level": {}}
+        return evaluate(self.sampler, params, prompts, self.decode, seed=seed, num_samples=num_samples, ks=ks,
+                        temperature=session.cfg.sampling.temperature)
 
 
 def pack_rows(seqs, masks, rewards, group_ids, *, num_groups: int, rows: int, width_buckets: Sequence[int],
               pad_id: int) -> dict[str, np.ndarray]:
-    """Token sequences with their loss masks, rewards and group ids as the padded arrays of
-    :func:`batch_arrays` (shared with the multi-turn environments' batch builder)."""
+    """Token sequences with their loss masks, rewards and group ids as right-padded numpy arrays:
+    tokens, attention_mask, loss_mask [rows, width bucket], rewards [rows], group_ids [rows] (padding
+    rows get their own id and an all-zero mask, so they change no group statistic)."""
     if len(seqs) > rows:
         raise ValueError(f"{len(seqs)} rollouts to train on exceed the batch of {rows} rows")
     width = bucket(max(len(s) for s in seqs), width_buckets)

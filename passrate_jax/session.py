@@ -1,9 +1,12 @@
 """Everything a run builds from its config before the first step: mesh, tokenizer, prompt pool and
-held-out set, rewarder, model and sampler. Shared by ``train``, ``eval`` and ``sft``."""
+held-out set, rewarder, model, sampler and the rollout backend. Shared by ``train``, ``eval`` and ``sft``."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import json
+import os
 
 import numpy as np
 from flax import nnx
@@ -12,12 +15,39 @@ from passrate_jax.config import Config
 from passrate_jax.configlib import ConfigError
 from passrate_jax.data.formatting import PromptFormat
 from passrate_jax.data.rewards import Rewarder
-from passrate_jax.data.sources import PromptRecord, make_source
-from passrate_jax.evaluate import EvalPrompt, evaluate
+from passrate_jax.data.configured import make_source
+from passrate_jax.data.sources import PromptRecord
+from passrate_jax.envs.rollouts import EnvRollouts
+from passrate_jax.loop import RolloutBackend
 from passrate_jax.model import create_model
+from passrate_jax.rollouts import TextRollouts
 from passrate_jax.sampling.sampler import Sampler
 from passrate_jax.sharding import make_mesh
 from passrate_jax.tokenizer import load_tokenizer
+
+
+def max_positions(cfg: Config) -> int:
+    """The model's position limit: a pretrained checkpoint's own (its config.json), else ``cfg.model``'s."""
+    if cfg.model.pretrained is not None:
+        path = os.path.join(cfg.model.pretrained, "config.json")
+        if os.path.isfile(path):  # else loading the checkpoint fails with its own message
+            with open(path) as f:
+                return int(json.load(f).get("max_position_embeddings", cfg.model.max_position_embeddings))
+    return cfg.model.max_position_embeddings
+
+
+def check_context_fits(cfg: Config, records, token_lists) -> None:
+    """Fail before any compute when the longest prompt plus ``sampling.max_new_tokens`` (one assistant
+    turn of an environment) exceeds the model's positions, naming both numbers."""
+    if not token_lists:
+        return
+    longest = max(range(len(token_lists)), key=lambda i: len(token_lists[i]))
+    need, limit = len(token_lists[longest]) + cfg.sampling.max_new_tokens, max_positions(cfg)
+    if need > limit:
+        raise ConfigError(f"prompt {records[longest].prompt_id} is {len(token_lists[longest])} tokens; with "
+                          f"sampling.max_new_tokens = {cfg.sampling.max_new_tokens} a rollout needs {need} positions, "
+                          f"more than model.max_position_embeddings = {limit}. Lower sampling.max_new_tokens, "
+                          "shorten the prompts (data.template), or use a model with more positions")
 
 
 @dataclasses.dataclass
@@ -53,6 +83,7 @@ class Session:
         prompt_tokens = [fmt.encode(r.prompt, tokenizer) for r in prompts]
         heldout = source.heldout(cfg.data.eval_size)
         heldout_tokens = [fmt.encode(r.prompt, tokenizer) for r in heldout]  # once: every evaluation reuses them
+        check_context_fits(cfg, prompts + heldout, prompt_tokens + heldout_tokens)
         model = create_model(cfg.model, seed=cfg.seed, mesh=mesh)
         eos = tokenizer.eos_id
         stop = tuple(i for i in getattr(tokenizer, "stop_ids", ()) if i != eos)
@@ -92,33 +123,24 @@ class Session:
     def data_metrics(self) -> dict:
         return {**self.source.metrics(), **{f"verifier/{k}": v for k, v in self.rewarder.metrics().items()}}
 
+    @functools.cached_property
+    def backend(self) -> RolloutBackend:
+        """How this run's tasks are rolled out, scored, batched, warm-started and evaluated: text answers
+        or the episodes of a multi-turn environment, chosen here from ``data.source``, once."""
+        if self.cfg.data.source == "env":
+            return EnvRollouts.for_session(self)
+        return TextRollouts.for_session(self)
+
     def warm_start(self, progress: bool = True) -> dict | None:
         """The supervised warm start the config asks for (built-in tasks and environments); updates the model."""
         if not self.cfg.warm_start.enabled or self.cfg.warm_start.steps == 0:
             return None
-        if self.cfg.data.source == "env":  # expert trajectories, executed in the environment
-            from passrate_jax.envs import data as env_data
-            return env_data.warm_start(self, progress)
-        if self.cfg.data.source != "builtin":
-            self.log("warm start: skipped (only the built-in tasks have reference solutions)")
-            return None
-        from passrate_jax.sft import run_warm_start
-        return run_warm_start(self.cfg, self.model, self.tokenizer, progress=progress, log=self.log)
+        return self.backend.warm_start(self, progress)
 
     def evaluate(self, params, *, seed: int = 0, num_samples: int = 0, ks=(1,)) -> dict:
         """Greedy held-out accuracy (overall and per level) of ``params``; pass@k with ``num_samples``.
-        Environments: success of whole episodes (``passrate_jax.envs.data.evaluate``)."""
-        if self.cfg.data.source == "env":
-            from passrate_jax.envs import data as env_data
-            return env_data.evaluate(self, params, seed=seed, num_samples=num_samples, ks=ks)
-        def verifier(record):
-            return lambda text: float(self.score([record], [text])[0])
-        prompts = [EvalPrompt(ids, verifier(r), int(r.metadata.get("level", 0)))
-                   for r, ids in zip(self.heldout, self.heldout_tokens)]
-        if not prompts:
-            return {"accuracy": float("nan"), "accuracy_by_level": {}}
-        return evaluate(self.sampler, params, prompts, self.decode, seed=seed, num_samples=num_samples, ks=ks,
-                        temperature=self.cfg.sampling.temperature)
+        Environments: success of whole episodes."""
+        return self.backend.evaluate(self, params, seed=seed, num_samples=num_samples, ks=ks)
 
     def close(self) -> None:
         self.rewarder.close()

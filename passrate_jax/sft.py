@@ -70,22 +70,20 @@ def make_sft_step(graphdef, optimizer: optax.GradientTransformation):
     return jax.jit(step, donate_argnums=(0, 1))
 
 
-def cache_key(cfg: Config) -> str:
-    """Hash of everything that determines the warm-start result (not its cache location)."""
+def cache_key(cfg: Config, extra: dict | None = None) -> str:
+    """Hash of everything that determines the warm-start result (not its cache location); ``extra``: what
+    else determines the batches of a caller's own ``batches`` (e.g. an environment's settings)."""
     ws = dataclasses.replace(cfg.warm_start, cache_dir=None)
     data = {"model": to_dict(cfg.model), "warm_start": to_dict(ws), "task": cfg.data.task,
-            "max_level": cfg.data.max_level, "seed": cfg.seed, "version": 1}
-    if cfg.data.source == "env":  # only then, so the built-in tasks' cached warm starts stay valid
-        data.update(env=cfg.data.env, level=cfg.data.level, max_turns=cfg.data.max_turns,
-                    template=cfg.data.template, data_seed=cfg.data.seed)
+            "max_level": cfg.data.max_level, "seed": cfg.seed, "version": 1, **(extra or {})}
     blob = json.dumps(data, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def cache_path(cfg: Config) -> str:
+def cache_path(cfg: Config, extra: dict | None = None) -> str:
     root = cfg.warm_start.cache_dir or os.environ.get("PASSRATE_JAX_CACHE") or os.path.join(
         os.path.expanduser("~"), ".cache", "passrate-jax")
-    return os.path.join(root, "warm_start", f"{cache_key(cfg)}.safetensors")
+    return os.path.join(root, "warm_start", f"{cache_key(cfg, extra)}.safetensors")
 
 
 def _flat(params) -> dict[str, np.ndarray]:
@@ -101,10 +99,11 @@ def _unflat(flat: dict[str, np.ndarray], like):
 
 
 def run_warm_start(cfg: Config, model: nnx.Module, tokenizer, *, progress: bool = True,
-                   log=print, batches=None) -> dict:
+                   log=print, batches=None, key: dict | None = None) -> dict:
     """Train ``model`` in place on the task's reference solutions, or load the cached result.
     ``batches(step) -> (tokens, mask)`` replaces the built-in tasks' batches (:func:`sft_batch`), e.g.
-    with expert trajectories of an environment (``passrate_jax.envs.data``).
+    with expert trajectories of an environment (``passrate_jax.envs.data``); ``key``: the settings
+    those batches depend on, hashed into the cache key.
 
     Returns a summary dict: ``cached`` (bool), ``steps``, ``final_loss`` (None when cached), ``path``.
     """
@@ -112,7 +111,7 @@ def run_warm_start(cfg: Config, model: nnx.Module, tokenizer, *, progress: bool 
 
     ws: WarmStartConfig = cfg.warm_start
     graphdef, params = nnx.split(model, nnx.Param)
-    path = cache_path(cfg)
+    path = cache_path(cfg, key)
     if os.path.exists(path):
         nnx.update(model, _unflat(load_file(path), params))
         log(f"warm start: loaded cached weights from {path}")

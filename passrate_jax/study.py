@@ -1,8 +1,9 @@
-"""``passrate-jax study``: every allocation method side by side on the built-in task, matched seeds, the
-same rollout accounting, one command (issue 10; the analysis and report are in ``study_report.py``).
+"""``passrate-jax study``: every allocation method side by side on the built-in task, paired seeds, the
+same rollout accounting, one command. The methods are in ``study_methods.py``, the statistics in
+``study_stats.py`` and ``study_analysis.py``, the report in ``study_report.py``.
 
-    passrate-jax study --quick                      # < 10 min on a 2-core CPU: 1 seed, short runs
-    passrate-jax study --seeds 0 1 2                # the full study (see docs/results.md for its runtime)
+    passrate-jax study --quick                      # 2 seeds, short runs
+    passrate-jax study                              # the full study: 5 seeds (see docs/results.md)
 
 Each (method, seed) is an ordinary training run in ``OUT/runs/<method>/seed<k>`` built from one base
 preset plus the method's overrides, so everything but the allocation is identical across methods (the
@@ -19,32 +20,11 @@ import platform
 import time
 
 from passrate_jax.configlib import ConfigError
+from passrate_jax.study_methods import METHODS, NEUTRAL
 
-# name -> (label, config overrides on top of the base preset). Each name has a preset of the same
-# composition in configs/ (tests/test_study.py checks they agree).
-METHODS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "grpo": ("GRPO (uniform)", ("allocation.method=uniform",)),
-    "dapo_ds": ("DAPO dynamic sampling", ("allocation.method=ds",)),
-    "mopps": ("MoPPS", ("allocation.method=uniform", "allocation.selection.method=mopps")),
-    "dps": ("DPS", ("allocation.method=uniform", "allocation.selection.method=dps")),
-    "sara": ("SARA", ("allocation.method=sara",)),
-    "sara_dps": ("SARA + DPS", ("allocation.method=sara", "allocation.selection.method=dps")),
-    "pilot_commit": ("Pilot-Commit", ("allocation.method=pilot_commit",)),
-    "ps_fixed": ("PS fixed 0.25", ("allocation.method=uniform", "prefix_sampling.enabled=true",
-                                   "prefix_sampling.mode=fixed", "prefix_sampling.ratio_init=0.25")),
-    "ps_hard_only": ("PS hard-only", ("allocation.method=uniform", "prefix_sampling.enabled=true",
-                                      "prefix_sampling.mode=hard_only")),
-    "ps_adaptive": ("PS adaptive", ("allocation.method=uniform", "prefix_sampling.enabled=true",
-                                    "prefix_sampling.mode=adaptive")),
-    "ps_sara": ("PS + SARA", ("allocation.method=sara", "prefix_sampling.enabled=true",
-                              "prefix_sampling.mode=adaptive")),
-    "ps_sara_dps": ("PS + SARA + DPS", ("allocation.method=sara", "allocation.selection.method=dps",
-                                        "prefix_sampling.enabled=true", "prefix_sampling.mode=adaptive")),
-}
-# Every method starts from "no selection, no PS"; its overrides switch on what it uses.
-NEUTRAL = ("allocation.selection.method=none", "prefix_sampling.enabled=false")
-
-# Shorter runs for --quick: one seed, fewer and smaller steps, a smaller held-out set.
+DEFAULT_SEEDS = (0, 1, 2, 3, 4)
+QUICK_SEEDS = (0, 1)  # two seeds: the fewest a paired interval over seeds needs
+# Shorter runs for --quick: two seeds, fewer and smaller steps, a smaller held-out set.
 QUICK = ("steps=12", "eval_every=4", "data.eval_size=128", "allocation.num_prompts=8",
          "optimizer.decay_steps=10", "optimizer.warmup_steps=2")
 # The full study evaluates more often than the default run so that time-to-target has resolution.
@@ -94,19 +74,20 @@ def _finished(run_dir: str, steps: int) -> bool:
     return bool(records) and records[-1].get("step") == steps and "eval_accuracy" in records[-1]
 
 
-def run_study(plan: StudyPlan, *, progress: bool = True, target_fraction: float = 0.8) -> dict:
-    """Train every (method, seed) not yet finished, then return the analysis of all of them (see
-    :func:`passrate_jax.study_report.analyse`)."""
+def run_study(plan: StudyPlan, *, progress: bool = True, target_fraction: float = 0.8,
+              metric: str | None = None) -> dict:
+    """Train every (method, seed) not yet finished (a run stopped midway resumes from its checkpoint),
+    then return the analysis of all of them (:func:`passrate_jax.study_analysis.analyse`)."""
     import jax
 
     from passrate_jax.config import load_config
-    from passrate_jax.study_report import analyse
+    from passrate_jax.study_analysis import analyse, load_runs
     from passrate_jax.train import train
 
     # Every run builds the same sampler and update programs: compile them once for the whole study.
     jax.config.update("jax_compilation_cache_dir", os.path.join(plan.out_dir, "xla_cache"))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
-    jobs = [(m, s) for s in plan.seeds for m in plan.methods]  # seed-major: a partial study is balanced
+    jobs = [(m, s) for s in plan.seeds for m in plan.methods]  # seed-major: a partial study is paired
     bar = None
     if progress:
         from tqdm import tqdm
@@ -123,7 +104,7 @@ def run_study(plan: StudyPlan, *, progress: bool = True, target_fraction: float 
             bar.update(1)
     if bar is not None:
         bar.close()
-    analysis = analyse(plan, target_fraction)
+    analysis = analyse(load_runs(plan), target_fraction=target_fraction, metric=metric)
     analysis["study_seconds"] = time.perf_counter() - t0
     analysis["machine"] = f"{platform.platform()}, {os.cpu_count()} CPU cores, jax {jax.__version__} " \
                           f"on {jax.default_backend()}"
@@ -131,16 +112,19 @@ def run_study(plan: StudyPlan, *, progress: bool = True, target_fraction: float 
 
 
 def add_subparser(subparsers) -> None:
-    p = subparsers.add_parser("study", help="every allocation method side by side (matched seeds, rollouts to "
-                                            "target accuracy), written to a Markdown report with plots")
+    p = subparsers.add_parser("study", help="every allocation method side by side (paired seeds, rollouts to "
+                                            "target accuracy with intervals), written to a Markdown report")
     p.add_argument("--config", default="configs/default.yaml", help="base preset every method starts from")
-    p.add_argument("--quick", action="store_true", help="1 seed, 12 short steps: under 10 minutes on 2 CPU cores")
-    p.add_argument("--seeds", type=int, nargs="+", default=None, help="default: 0 1 2 (--quick: 0)")
+    p.add_argument("--quick", action="store_true", help="2 seeds, 12 short steps")
+    p.add_argument("--seeds", type=int, nargs="+", default=None,
+                   help=f"default: {' '.join(map(str, DEFAULT_SEEDS))} (--quick: {' '.join(map(str, QUICK_SEEDS))})")
     p.add_argument("--methods", nargs="+", default=list(METHODS), help=f"default: all ({' '.join(METHODS)})")
     p.add_argument("--out", default=None, help="study directory (default: runs/study or runs/study_quick)")
     p.add_argument("--report", default=None, help="Markdown report (default: OUT/results.md)")
     p.add_argument("--target-fraction", type=float, default=0.8,
                    help="target = warm start + this fraction of GRPO's gain to its plateau (default 0.8)")
+    p.add_argument("--metric", choices=("eval_sampled_accuracy", "eval_accuracy"), default=None,
+                   help="held-out accuracy the study measures (default: sampled when every run records it)")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("overrides", nargs="*", metavar="key.sub=value", help="applied to every run")
     p.set_defaults(func=run)
@@ -150,13 +134,14 @@ def run(args) -> int:
     import shlex
     import sys
 
-    seeds = args.seeds if args.seeds is not None else ([0] if args.quick else [0, 1, 2])
+    seeds = args.seeds if args.seeds is not None else list(QUICK_SEEDS if args.quick else DEFAULT_SEEDS)
     out = args.out or os.path.join("runs", "study_quick" if args.quick else "study")
     if not 0 < args.target_fraction <= 1:
         raise ConfigError(f"--target-fraction {args.target_fraction}: must be in (0, 1]")
     plan = make_plan(args.config, args.methods, seeds, args.overrides, out, args.quick)
     from passrate_jax.study_report import write_report
-    analysis = run_study(plan, progress=not args.no_progress, target_fraction=args.target_fraction)
+    analysis = run_study(plan, progress=not args.no_progress, target_fraction=args.target_fraction,
+                         metric=args.metric)
     report = args.report or os.path.join(out, "results.md")
     command = "passrate-jax " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     paths = write_report(plan, analysis, report, command=command)

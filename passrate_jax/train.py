@@ -10,9 +10,12 @@ uninterrupted one bit for bit on CPU.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import time
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -20,23 +23,20 @@ import yaml
 from etils import epath
 
 from passrate_jax import distributed
-from passrate_jax.allocation import Allocator, state_from_dict, state_to_dict
-from passrate_jax.checkpoint import RunCheckpointer
+from passrate_jax.model.lora import has_adapters, reference_params
+from passrate_jax.allocation import Allocator, AllocatorState, state_from_dict, state_to_dict
+from passrate_jax.checkpoint import RunCheckpointer, check_run_dir
 from passrate_jax.config import Config, dump_config
-from passrate_jax.configlib import ConfigError, to_dict
-from passrate_jax.envs import data as env_data
-from passrate_jax.envs.loop import collect_env_rollouts, env_rollout_metrics
-from passrate_jax.envs.rollouts import env_batch_arrays
+from passrate_jax.configlib import ConfigError, add_config_arguments, to_dict
 from passrate_jax.loop import collect_rollouts, rollout_metrics
-from passrate_jax.metrics import MetricsWriter, flatten
+from passrate_jax.metrics import MetricsWriter, flatten, write_text_atomic
 from passrate_jax.rl.batch import make_train_batch
 from passrate_jax.rl.optimizer import make_optimizer
 from passrate_jax.rl.train_step import make_train_step, policy_logprobs
-from passrate_jax.rollouts import RolloutStore, batch_arrays
+from passrate_jax.rollouts import WIDTH_BUCKETS  # noqa: F401 - re-exported (launch/memory_probe.py)
 from passrate_jax.sampling.sampler import bucket
 from passrate_jax.session import Session
 
-WIDTH_BUCKETS = (64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192)
 # Wall-clock and compile counters differ between a resumed and an uninterrupted run by nature.
 NONDETERMINISTIC_METRICS = ("time/step_s", "time/rollout_s", "time/update_s", "time/eval_s", "time/total_s",
                             "compilations/sampler", "compilations/update")
@@ -111,6 +111,147 @@ def eval_metrics(session: Session, params, cfg: Config) -> dict:
     return out
 
 
+@dataclasses.dataclass(frozen=True)
+class RunState:
+    """What a step advances and a checkpoint keeps (besides the backend's trajectories): the step done,
+    parameters, optimizer and allocator states, the KL reference (``rl.kl_coef`` > 0), and the run's
+    rollouts spent and useful so far."""
+    step: int
+    params: Any
+    opt_state: Any
+    alloc_state: AllocatorState
+    ref_params: Any = None
+    rollouts_total: int = 0
+    useful_total: int = 0
+
+    def arrays(self) -> dict:
+        out = {"params": self.params, "opt_state": self.opt_state, "allocator": state_to_dict(self.alloc_state)}
+        # A LoRA run's reference is its base weights with adapters off: derived, so not saved twice.
+        if self.ref_params is None or has_adapters(self.params):
+            return out
+        return {**out, "ref_params": self.ref_params}
+
+
+class Updater:
+    """The update stage: the trained groups' padded batch (built by the rollout backend), the frozen
+    reference's log-probs when ``rl.kl_coef`` > 0, and one jitted, sharded optimizer step."""
+
+    def __init__(self, cfg: Config, session: Session):
+        alloc = cfg.allocation
+        self.rows_unit = alloc.num_prompts * alloc.group_size
+        shards = session.mesh.shape["data"] * session.mesh.shape["fsdp"] * cfg.rl.minibatches * cfg.rl.grad_accum
+        if self.rows_unit % shards:
+            raise ConfigError(f"allocation.num_prompts * group_size = {self.rows_unit}: must be divisible by mesh "
+                              f"data * fsdp * rl.minibatches * rl.grad_accum = {shards}")
+        self.cfg, self.backend = cfg, session.backend
+        optimizer = make_optimizer(cfg.optimizer)
+        self.fns = make_train_step(session.graphdef, session.params, cfg.rl, optimizer, session.mesh)
+        self.use_kl = cfg.rl.kl_coef > 0
+        self.ref_logprobs = jax.jit(lambda p, b: policy_logprobs(session.graphdef, p, b.tokens, b.positions,
+                                                                 b.attention_mask)[0]) if self.use_kl else None
+
+    def start(self, params, alloc_state: AllocatorState) -> RunState:
+        """Step 0: ``params`` laid out on the mesh, a fresh optimizer, and (for the KL term) a frozen copy
+        of the parameters training starts from (after the warm start)."""
+        params = jax.device_put(params, self.fns.param_shardings)
+        ref_params = self._reference(params) if self.use_kl else None
+        return RunState(0, params, self.fns.init(params), alloc_state, ref_params)
+
+    @staticmethod
+    def _reference(params):
+        # With LoRA the reference is the base model with its adapters off, sharing the base weights (the
+        # update never donates them); without, a copy, since the update donates the parameters it reads.
+        return reference_params(params) if has_adapters(params) else jax.tree.map(jnp.copy, params)
+
+    def __call__(self, state: RunState, groups, step: int):
+        """(params, opt_state, host metrics) after one update on ``groups``."""
+        rows = bucket(sum(len(g.rewards) for g in groups), [self.rows_unit * k for k in (1, 2, 4, 8)])
+        arrays = self.backend.batch(groups, rows=rows)
+        batch = make_train_batch(arrays["tokens"], arrays["attention_mask"], arrays["loss_mask"], arrays["rewards"],
+                                 arrays["group_ids"], estimator=self.cfg.rl.advantage, eps=self.cfg.rl.advantage_eps)
+        batch = jax.device_put(batch, self.fns.batch_sharding)
+        if self.use_kl:
+            batch = batch.replace(ref_logprobs=self.ref_logprobs(state.ref_params, batch))
+        params, opt_state, update = self.fns.step(state.params, state.opt_state, batch,
+                                                  jax.random.fold_in(jax.random.key(self.cfg.seed), step))
+        return params, opt_state, distributed.to_host(update)
+
+
+class Checkpoints:
+    """The run's Orbax checkpoints: a :class:`RunState` and the backend's trajectories (JSON)."""
+
+    def __init__(self, cfg: Config, run_dir: str):
+        self.run_dir = run_dir
+        self.ckpt = RunCheckpointer(run_dir, keep=cfg.checkpoint.keep, async_save=cfg.checkpoint.async_save)
+        self.resume_from = self.ckpt.latest_step()
+        if self.resume_from is not None and (conflicts := resume_conflicts(cfg, run_dir)):
+            self.ckpt.close()
+            raise ConfigError(f"{run_dir} holds a run with another config; resuming it may change only "
+                              f"{', '.join(RESUMABLE_CHANGES)}. Differences: " + "; ".join(conflicts)
+                              + ". Use another --run-dir, or the saved config.yaml.")
+
+    def save(self, state: RunState, backend) -> None:
+        self.ckpt.save(state.step, state.arrays(), {"step": state.step, "rollouts_total": state.rollouts_total,
+                                                    "useful_total": state.useful_total, "store": backend.to_json()})
+
+    def restore(self, like: RunState, backend) -> RunState:
+        """The latest checkpoint, into the structure and shardings of ``like``; loads the trajectories."""
+        arrays, meta = self.ckpt.restore(self.resume_from, like.arrays())
+        backend.load_json(meta["store"])
+        ref = arrays.get("ref_params")
+        if like.ref_params is not None and ref is None:
+            ref = reference_params(arrays["params"])
+        return RunState(int(meta["step"]), arrays["params"], arrays["opt_state"],
+                        state_from_dict(arrays["allocator"], like.alloc_state), ref,
+                        int(meta["rollouts_total"]), int(meta["useful_total"]))
+
+    def close(self) -> None:
+        self.ckpt.close()
+
+
+class Reporter:
+    """Where a run's records go: ``metrics.jsonl``, TensorBoard and W&B as configured
+    (:class:`MetricsWriter.for_run`, primary host only; records past the checkpoint a run resumes from
+    are dropped) and the progress bar."""
+
+    def __init__(self, cfg: Config, run_dir: str, start: int | None, *, primary: bool, progress: bool):
+        # A start without a checkpoint (start None) drops every record of an attempt killed before
+        # its first checkpoint; a resume drops the records past the checkpoint it resumes from.
+        self.writer = MetricsWriter.for_run(cfg, run_dir, truncate_after=-1 if start is None else start,
+                                            enabled=primary)
+        self.bar = None
+        if progress and cfg.logging.progress_bar and primary:
+            from tqdm import tqdm
+            self.bar = tqdm(total=cfg.steps, initial=start or 0, desc="train", unit="step", dynamic_ncols=True)
+
+    def write(self, record: dict) -> None:
+        """One record (step 0: the starting point; then one per step)."""
+        self.writer.write(record)
+        if self.bar is not None and record["step"] > 0:
+            self.bar.update(1)
+            self.bar.set_postfix({k: f"{record[v]:.2f}" for k, v in PROGRESS_KEYS if v in record
+                                  and record[v] == record[v]}, refresh=False)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        self.writer.close()
+
+
+PROGRESS_KEYS = (("acc", "train_accuracy"), ("valid", "valid_group_fraction"), ("useful", "useful_rollout_fraction"),
+                 ("eval", "eval_accuracy"), ("eval_sampled", "eval_sampled_accuracy"))
+
+
+@dataclasses.dataclass(frozen=True)
+class Stages:
+    """A run's stages, built once from the config."""
+    cfg: Config
+    session: Session
+    allocator: Allocator
+    updater: Updater
+    log: Callable
+
+
 def train(cfg: Config, run_dir: str, *, progress: bool = True, log=print) -> dict:
     """Train (or resume) a run in ``run_dir``; returns a summary with the last metrics record.
 
@@ -118,145 +259,83 @@ def train(cfg: Config, run_dir: str, *, progress: bool = True, log=print) -> dic
     (a shared file system or a gs:// path); see passrate_jax/distributed.py for how hosts stay in step."""
     distributed.initialize(cfg.distributed)  # before any other JAX call
     primary = distributed.is_primary()
-    if not primary:
-        log = _quiet
+    log = log if primary else _quiet
+    check_run_dir(run_dir)  # an unwritable directory fails here, not at the first checkpoint
     epath.Path(run_dir).mkdir(parents=True, exist_ok=True)  # local, or gs:// seen by every host
-    ckpt = RunCheckpointer(run_dir, keep=cfg.checkpoint.keep, async_save=cfg.checkpoint.async_save)
-    resume_from = ckpt.latest_step()
-    if resume_from is not None:
-        conflicts = resume_conflicts(cfg, run_dir)
-        if conflicts:
-            ckpt.close()
-            raise ConfigError(f"{run_dir} holds a run with another config; resuming it may change only "
-                              f"{', '.join(RESUMABLE_CHANGES)}. Differences: " + "; ".join(conflicts)
-                              + ". Use another --run-dir, or the saved config.yaml.")
+    ckpt = Checkpoints(cfg, run_dir)
+    stages = build_stages(cfg, log)
+    session = stages.session
+    if ckpt.resume_from is None:
+        session.warm_start(progress=progress and primary)
+    if primary:
+        write_text_atomic(epath.Path(run_dir) / "config.yaml", dump_config(cfg))  # a resume may extend steps
+    alloc_state = stages.allocator.init(jax.random.key_data(jax.random.key(cfg.seed)))
+    state = stages.updater.start(session.params, alloc_state)
+    check_run_dir(run_dir, state.arrays())  # room for one checkpoint, before any training compute
+    if ckpt.resume_from is not None:
+        state = ckpt.restore(state, session.backend)
+        log(f"resuming {run_dir} from the checkpoint of step {state.step}")
+    reporter = Reporter(cfg, run_dir, None if ckpt.resume_from is None else state.step, primary=primary, progress=progress)
+    if ckpt.resume_from is None:  # step 0: the starting point that training is measured against
+        reporter.write({"step": 0, "rollouts_total": 0, **eval_metrics(session, state.params, cfg)})
+    record, t_run = {}, time.perf_counter()
+    with _StopRequest() as stop:
+        for step in range(state.step + 1, cfg.steps + 1):
+            state, record = train_step(stages, state, step)
+            record["time/total_s"] = time.perf_counter() - t_run
+            reporter.write(record)
+            if step % cfg.checkpoint.every_steps == 0 or step == cfg.steps or stop.requested:
+                ckpt.save(state, session.backend)
+            if stop.requested:
+                log(f"interrupted: checkpoint of step {step} saved in {run_dir}; run train again to resume")
+                break
+    reporter.close()
+    ckpt.close()
+    session.close()
+    return {"step": state.step, "last": record, "run_dir": run_dir, "params": state.params}
+
+
+def build_stages(cfg: Config, log) -> Stages:
+    """The session (data, model, sampler, rollout backend), the allocator and the update stage."""
     session = Session.create(cfg, log=log)
     if (note := cfg.lr_schedule_note()) is not None:
         log(f"warning: {note}")
-    alloc_cfg = cfg.allocation
-    rows_unit = alloc_cfg.num_prompts * alloc_cfg.group_size
-    shards = session.mesh.shape["data"] * session.mesh.shape["fsdp"] * cfg.rl.minibatches * cfg.rl.grad_accum
-    if rows_unit % shards:
-        raise ConfigError(f"allocation.num_prompts * group_size = {rows_unit}: must be divisible by mesh data * "
-                          f"fsdp * rl.minibatches * rl.grad_accum = {shards}")
-    allocator = Allocator(alloc_cfg, cfg.prefix_sampling, num_prompts=len(session.prompts))
-    env_run = cfg.data.source == "env"  # a multi-turn environment: its own store, rollout loop and batch builder
-    store = env_data.make_store(session) if env_run else RolloutStore(session.prompt_ids, session.newline_id)
-    alloc_state = allocator.init(jax.random.key_data(jax.random.key(cfg.seed)))
-    optimizer = make_optimizer(cfg.optimizer)
-    fns = make_train_step(session.graphdef, session.params, cfg.rl, optimizer, session.mesh)
-    start, rollouts_total, useful_total = 0, 0, 0
-    if resume_from is None:
-        session.warm_start(progress=progress and primary)
-    if primary:
-        (epath.Path(run_dir) / "config.yaml").write_text(dump_config(cfg))  # a resume may extend steps
-    params = jax.device_put(session.params, fns.param_shardings)
-    opt_state = fns.init(params)
-    # The KL term's frozen reference policy: the parameters training starts from (after the warm start).
-    use_kl = cfg.rl.kl_coef > 0
-    ref_params = jax.tree.map(jnp.copy, params) if use_kl else None
-    ref_logprobs = jax.jit(lambda p, b: policy_logprobs(session.graphdef, p, b.tokens, b.positions,
-                                                        b.attention_mask)[0]) if use_kl else None
+    updater = Updater(cfg, session)
+    return Stages(cfg, session, Allocator(cfg.allocation, cfg.prefix_sampling, num_prompts=len(session.prompts)),
+                  updater, log)
 
-    def checkpoint_state():
-        state = {"params": params, "opt_state": opt_state, "allocator": state_to_dict(alloc_state)}
-        return {**state, "ref_params": ref_params} if use_kl else state
 
-    if resume_from is not None:
-        state, meta = ckpt.restore(resume_from, checkpoint_state())
-        params, opt_state = state["params"], state["opt_state"]
-        ref_params = state.get("ref_params")
-        alloc_state = state_from_dict(state["allocator"], alloc_state)
-        store.load_json(meta["store"])
-        start, rollouts_total, useful_total = int(meta["step"]), int(meta["rollouts_total"]), int(meta["useful_total"])
-        log(f"resuming {run_dir} from the checkpoint of step {start}")
-    writer = MetricsWriter(run_dir, tensorboard=cfg.logging.tensorboard, truncate_after=start, enabled=primary)
-    if resume_from is None:
-        # Step 0: the starting point (after the warm start) that training is measured against.
-        writer.write({"step": 0, "rollouts_total": 0, **eval_metrics(session, params, cfg)})
-
-    def save(step):
-        ckpt.save(step, checkpoint_state(), {"step": step, "rollouts_total": rollouts_total,
-                                             "useful_total": useful_total, "store": store.to_json()})
-
-    bar = None
-    if progress and cfg.logging.progress_bar and primary:
-        from tqdm import tqdm
-        bar = tqdm(total=cfg.steps, initial=start, desc="train", unit="step", dynamic_ncols=True)
-    record: dict = {}
-    t_run = time.perf_counter()
-    with _StopRequest() as stop:
-        step = start
-        for step in range(start + 1, cfg.steps + 1):
-            t0 = time.perf_counter()
-            if env_run:
-                ro = collect_env_rollouts(allocator, alloc_state, store, session.sampler, params,
-                                          seed=_step_seed(cfg.seed, step), max_new_tokens=cfg.sampling.max_new_tokens)
-            else:
-                ro = collect_rollouts(allocator, alloc_state, store, session.sampler, params,
-                                      seed=_step_seed(cfg.seed, step), max_new_tokens=cfg.sampling.max_new_tokens,
-                                      decode=session.decode, verify=session.verify)
-            t1 = time.perf_counter()
-            record = {"step": step, **(env_rollout_metrics if env_run else rollout_metrics)(allocator, ro)}
-            rollouts_total += ro.result.rollouts_spent
-            useful_total += record["useful_rollouts"]
-            record["rollouts_total"] = rollouts_total
-            # Useful-rollout fraction of the run so far: rollouts in trained valid groups / all spent.
-            record["useful_rollout_fraction"] = useful_total / max(rollouts_total, 1)
-            groups = ro.result.groups
-            if groups:
-                rows = bucket(sum(len(g.rewards) for g in groups), [rows_unit * k for k in (1, 2, 4, 8)])
-                arrays = (env_batch_arrays if env_run else batch_arrays)(
-                    store, groups, rows=rows, width_buckets=WIDTH_BUCKETS, pad_id=session.tokenizer.pad_id)
-                batch = make_train_batch(arrays["tokens"], arrays["attention_mask"], arrays["loss_mask"],
-                                         arrays["rewards"], arrays["group_ids"], estimator=cfg.rl.advantage,
-                                         eps=cfg.rl.advantage_eps)
-                batch = jax.device_put(batch, fns.batch_sharding)
-                if use_kl:
-                    batch = batch.replace(ref_logprobs=ref_logprobs(ref_params, batch))
-                params, opt_state, update = fns.step(params, opt_state, batch,
-                                                     jax.random.fold_in(jax.random.key(cfg.seed), step))
-                record.update({f"update/{k}": v for k, v in distributed.to_host(update).items()})
-                if record["update/skipped_steps"] > 0:
-                    log(f"step {step}: update skipped (non-finite loss or gradient); "
-                        f"{int(record['update/total_skipped_steps'])} skipped so far")
-            distributed.check_same_on_every_host(f"step {step}'s rollouts and decisions", ro.rewards,
-                                                 [(g.group_key, g.rewards) for g in groups])
-            alloc_state = ro.state
-            store.retain(ro.result.retained_keys)
-            t2 = time.perf_counter()
-            if step % cfg.eval_every == 0 or step == cfg.steps:
-                record.update(eval_metrics(session, params, cfg))
-            record.update({"time/rollout_s": t1 - t0, "time/update_s": t2 - t1,
-                           "time/step_s": time.perf_counter() - t0, "time/total_s": time.perf_counter() - t_run,
-                           "compilations/sampler": session.sampler.compilations,
-                           "compilations/update": _compiled_programs(fns.step)})
-            record.update(session.data_metrics())
-            writer.write(record)
-            if step % cfg.checkpoint.every_steps == 0 or step == cfg.steps:
-                save(step)
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix({k: f"{record[v]:.2f}" for k, v in (
-                    ("acc", "train_accuracy"), ("valid", "valid_group_fraction"),
-                    ("useful", "useful_rollout_fraction"), ("eval", "eval_accuracy"),
-                    ("eval_sampled", "eval_sampled_accuracy")) if v in record
-                    and record[v] == record[v]}, refresh=False)
-            if stop.requested:
-                if step % cfg.checkpoint.every_steps:
-                    save(step)
-                log(f"interrupted: checkpoint of step {step} saved in {run_dir}; run train again to resume")
-                break
-    if bar is not None:
-        bar.close()
-    ckpt.close()
-    writer.close()
-    session.close()
-    return {"step": step, "last": record, "run_dir": run_dir, "params": params}
+def train_step(s: Stages, state: RunState, step: int) -> tuple[RunState, dict]:
+    """One step: allocation rounds, one update on the trained groups, evaluation when due. Returns the
+    new state and the step's metrics record."""
+    cfg, backend, t0 = s.cfg, s.session.backend, time.perf_counter()
+    ro = collect_rollouts(s.allocator, state.alloc_state, backend, state.params, seed=_step_seed(cfg.seed, step))
+    t1 = time.perf_counter()
+    record = {"step": step, **rollout_metrics(s.allocator, ro, backend)}
+    rollouts_total = state.rollouts_total + ro.result.rollouts_spent
+    useful_total = state.useful_total + record["useful_rollouts"]
+    # Useful-rollout fraction of the run so far: rollouts in trained valid groups / all spent.
+    record.update(rollouts_total=rollouts_total, useful_rollout_fraction=useful_total / max(rollouts_total, 1))
+    params, opt_state, groups = state.params, state.opt_state, ro.result.groups
+    if groups:
+        params, opt_state, update = s.updater(state, groups, step)
+        record.update({f"update/{k}": v for k, v in update.items()})
+        if record["update/skipped_steps"] > 0:
+            s.log(f"step {step}: update skipped (non-finite loss or gradient); "
+                  f"{int(record['update/total_skipped_steps'])} skipped so far")
+    distributed.check_same_on_every_host(f"step {step}'s rollouts and decisions", ro.table["reward"].tolist(),
+                                         [(g.group_key, g.rewards) for g in groups])
+    backend.retain(ro.result.retained_keys)
+    t2 = time.perf_counter()
+    if step % cfg.eval_every == 0 or step == cfg.steps:
+        record.update(eval_metrics(s.session, params, cfg))
+    record.update({"time/rollout_s": t1 - t0, "time/update_s": t2 - t1, "time/step_s": time.perf_counter() - t0,
+                   "compilations/sampler": s.session.sampler.compilations,
+                   "compilations/update": _compiled_programs(s.updater.fns.compiled), **s.session.data_metrics()})
+    return RunState(step, params, opt_state, ro.state, state.ref_params, rollouts_total, useful_total), record
 
 
 def add_subparser(subparsers) -> None:
-    from passrate_jax.cli import add_config_arguments
     p = subparsers.add_parser("train", help="train (or resume) a run")
     add_config_arguments(p)
     p.add_argument("--run-dir", default=None, help="default: runs/<config name>")

@@ -95,6 +95,13 @@ def hf_checkpoint(tmp_path_factory):
     return get
 
 
+@pytest.fixture(scope="session")
+def warm_start_cache(tmp_path_factory):
+    """One warm-start cache per test session: tests that warm-start the same model the same way
+    (test_presets_real.py, test_sharding_loop.py) train it once."""
+    return tmp_path_factory.mktemp("warm_start_cache")
+
+
 # --- compile cache: identical programs built by different tests (every end-to-end run builds the same
 # sampler and update programs) compile once per machine instead of once per test.
 import os as _os

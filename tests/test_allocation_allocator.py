@@ -5,11 +5,12 @@ import itertools
 import json
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from passrate_jax.allocation import Allocator, Result, state_from_dict, state_to_dict
-from passrate_jax.allocation.config import AllocationConfig, PrefixSamplingConfig
+from passrate_jax.allocation.config import AllocationConfig, PrefixSamplingConfig, SaraConfig
 from passrate_jax.allocation.simulate import SimulatorConfig, main, simulate
 
 B, N, P = 4, 8, 48
@@ -63,7 +64,7 @@ def test_every_composition(method, selection, ps):
 
 
 def test_sara_abandons_unanimous_prompts_after_two_probes_and_respects_budget():
-    allocator = make("sara")
+    allocator = make("sara", sara=SaraConfig(mode="fixed_budget"))
     (res,), _, seen = drive(allocator, allocator.init(jax.random.PRNGKey(0)), 1, np.zeros(P))
     # New prompts open only while the budget can still complete them to N, so the last N - 4
     # rollouts of the B * N budget stay unspent.
@@ -111,17 +112,58 @@ def test_protocol_errors():
 
 
 def test_simulator_smoke(tmp_path, capsys):
-    sim = SimulatorConfig(steps=4, num_prompts=64, warmup=1, methods=("uniform", "ds", "sara+dps", "uniform+ps"))
+    sim = SimulatorConfig(steps=4, num_prompts=64, warmup=1, seeds=2,
+                          methods=("ds", "sara_fixed", "uniform+ps"))
     report = simulate(sim, AllocationConfig(num_prompts=B), PrefixSamplingConfig(), progress=False)
     m = report["methods"]
-    assert set(m) == set(sim.methods)
+    assert set(m) == set(sim.methods) and report["wall_s"] > 0
     assert m["ds"]["valid_groups_per_step"] == B and m["ds"]["vs_ds"] == 1.0
+    assert m["ds"]["valid_groups_per_step_sd"] == 0
     for v in m.values():
         assert v["rollouts_per_valid_group"] >= N and 0 < v["useful_rollout_fraction"] <= 1
+        assert v["valid_groups_per_step"] <= B
+    assert m["sara_fixed"]["rollouts_per_step"] <= B * N
     assert "ps" in m["uniform+ps"] and len(m["uniform+ps"]["ps"]["pass_rate_per_step"]) == 4
     png = tmp_path / "sim.png"
-    assert main(["sim.steps=2", "sim.num_prompts=32", "sim.methods=[ds, sara]", "allocation.num_prompts=4",
-                 "--json", "--plot", str(png), "--no-progress"]) == 0
+    assert main(["sim.steps=2", "sim.num_prompts=32", "sim.seeds=2", "sim.methods=[ds, sara]",
+                 "allocation.num_prompts=4", "--json", "--plot", str(png), "--no-progress"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert set(out["methods"]) == {"ds", "sara"} and png.stat().st_size > 1000
+    assert set(out["methods"]) == {"ds", "sara"} and png.stat().st_size > 1000 and "wall_s" in out
     assert main(["sim.methods=[sara+bogus]", "--no-progress"]) == 2
+    assert main(["model.num_layers=3", "--no-progress"]) == 2  # the simulator reads allocation settings only
+
+
+def test_simulator_runs_the_allocator_step_for_step():
+    """The simulator's pure step is the host allocator's: driving the Allocator by hand with the same
+    Bernoulli draws gives the same groups and rollouts."""
+    from passrate_jax.allocation.simulate import method_configs, population, run_method
+    sim = SimulatorConfig(steps=3, num_prompts=40, seeds=1, drift=0.0)
+    for name in ("sara+dps+ps",):
+        m = run_method(name, sim, AllocationConfig(num_prompts=B), PrefixSamplingConfig())
+        cfg, pcfg = method_configs(name, AllocationConfig(num_prompts=B), PrefixSamplingConfig())
+        allocator = Allocator(cfg, pcfg, sim.num_prompts)
+        state = allocator.init(jax.random.PRNGKey(sim.seed))
+        rates = population(sim, np.random.default_rng(sim.seed))
+        world = jax.random.PRNGKey(10_000 + sim.seed)
+        for t in range(sim.steps):
+            k_fresh, k_replay = jax.random.split(jax.random.fold_in(world, t))
+            fresh = np.asarray(jax.random.uniform(k_fresh, (sim.num_prompts, N)))
+            replay = np.asarray(jax.random.uniform(k_replay, (sim.num_prompts, N)))
+            p = np.asarray(jax.nn.sigmoid(jnp.asarray(np.log(rates) - np.log1p(-rates), jnp.float32)))
+            run = allocator.start_step(state)
+            while reqs := run.requests():
+                results = []
+                for r in reqs:
+                    idx = slice(r.first_index, r.first_index + r.num_rollouts)
+                    if r.prefix is None:
+                        out = fresh[r.prompt_id, idx] < p[r.prompt_id]
+                    else:
+                        q = p[r.prompt_id]
+                        g = np.float32(r.prefix.cut_ratio)
+                        q = q + (1 - q) * g if r.prefix.success else q * (1 - g)
+                        out = replay[r.prompt_id, idx] < q
+                    results.append(Result(r.group_key, tuple(int(x) for x in out)))
+                run.observe(results)
+            res, state = run.finish()
+            assert res.rollouts_spent == m["spent"][0, t]
+            assert sum(g.valid for g in res.groups) == m["valid"][0, t]

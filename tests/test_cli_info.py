@@ -20,3 +20,20 @@ def test_info_prints_config_devices_mesh_and_parameters(capsys):
     assert "# devices" in out and "cpu" in out.lower()
     assert "# mesh" in out and "'data'" in out
     assert "parameters:" in out
+
+
+def test_overrides_may_come_before_and_after_options(capsys):
+    import pytest
+
+    from passrate_jax.cli import build_parser, parse
+    args = parse(build_parser(), ["train", "data.source=jsonl", "data.path=a.jsonl", "--run-dir", "runs/x", "steps=4",
+                                  "--config", "c.yaml", "seed=1"])
+    assert args.overrides == ["data.source=jsonl", "data.path=a.jsonl", "steps=4", "seed=1"]
+    assert args.run_dir == "runs/x" and args.config == "c.yaml"
+    assert main(["info", "--config", "configs/default.yaml", "steps=7", "--config", "configs/default.yaml",
+                 "model.num_layers=1"]) == 0
+    out = capsys.readouterr().out
+    assert "steps: 7" in out and "num_layers: 1" in out
+    with pytest.raises(SystemExit):
+        parse(build_parser(), ["train", "--run-dir", "runs/x", "steps=4", "--no-such-flag"])
+    assert "unrecognized arguments: --no-such-flag" in capsys.readouterr().err

@@ -6,8 +6,6 @@ import time
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from passrate_jax.config import load_config
 from passrate_jax.data.math_verify_pool import VerifierPool, WarningCounter
@@ -112,26 +110,78 @@ def test_a_worker_that_cannot_start_is_a_setup_error():
             pool.map(operator.add, [(1, 2)])
 
 
-_PIECES = ["\\frac{", "}{", "}", "{", "^{", "10", "9", "0.5", "1/2", "\\sqrt{", "\\boxed{", "x", "=", "-", ",",
-           "\\left(", "\\right)", "\\infty", "\\pi", "!", "%", "$", "\\\\", "é", "∞", "\U0001F600", "\x00", " "]
-_ANSWER = st.one_of(
-    st.text(max_size=40),                                                      # unicode noise
-    st.lists(st.sampled_from(_PIECES), max_size=25).map("".join),             # LaTeX-shaped noise
-    st.integers(1, 400).map(lambda n: "{" * n + "1" + "}" * n),                # deep nesting
-    st.integers(2, 60).map(lambda n: "9" * n + "^{" + "9" * n + "}"),          # huge powers
-    st.sampled_from(["9!!!!!!", "\\frac{1}{0}", "0^{-1}", "\\infty - \\infty", "1/2", "0.5", "\\frac{2}{4}"]),
-)
+_PIECES = ["\\frac{", "}{", "}", "{", "^{", "^", "10", "9", "99999", "0.5", "1/2", "\\sqrt{", "\\boxed{", "x", "=",
+           "-", ",", "\\left(", "\\right)", "\\infty", "\\pi", "!", "%", "$", "\\\\", "é", "∞", "\U0001F600",
+           "\x00", " ", "\\begin{pmatrix}", "\\end{pmatrix}", "&", "\\cdot", "\\int", "\\sum_{n=1}^{\\infty}",
+           "\\lim_{x\\to 0}", "\\log", "e^{", "i", "\\in", "\\cup", "[", "]", "(", ")", "\\{", "\\}", "\\text{",
+           "\\def\\x{", "\\input{/etc/passwd}", "__import__('os')._exit(3)", "lambda: 0", "\\\\mathrm{", "°"]
+_REFERENCES = ["1/2", "3", "\\sqrt{2}", "10^{100}", "\\frac{\\pi}{4}", "(1, 2]", "x = 2", "2^{123456}"]
 
 
-@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(st.lists(_ANSWER, min_size=40, max_size=40), st.sampled_from(["1/2", "3", "\\sqrt{2}", "10^{100}"]))
-def test_fuzz_math_rewards_are_binary(math_rewarder, answers, reference):
-    """2,000 random and adversarial answers (50 batches of 40): rewards only 0 or 1, never an exception,
-    and no batch takes longer than its answers' timeouts allow."""
-    start = time.monotonic()
-    rewards = math_rewarder(_records([reference] * len(answers)), [f"\\boxed{{{a}}}" for a in answers])
+def adversarial_answers(n, seed=0):
+    """``n`` generated answers aimed at the math path: unicode and LaTeX-shaped noise, deep nesting,
+    huge powers, power towers and factorial chains of every size, over-long answers, near-miss and
+    equal numbers, and text that would do harm if it were ever executed."""
+    rng = np.random.default_rng(seed)
+    digits = lambda k: "".join(rng.choice(list("0123456789"), k)).lstrip("0") or "7"
+    kinds = [
+        lambda: "".join(chr(c) for c in rng.integers(1, 0x2FFF, rng.integers(1, 40))),
+        lambda: "".join(rng.choice(_PIECES, rng.integers(1, 30))),
+        lambda: (o := rng.choice(["{", "(", "[", "\\frac{1}{"])) * (d := int(rng.integers(1, 60))) + "1"
+        + {"{": "}", "(": ")", "[": "]", "\\frac{1}{": "}"}[o] * d,
+        lambda: f"{digits(rng.integers(1, 9))}^{{{'-' if rng.random() < 0.2 else ''}{digits(rng.integers(1, 9))}}}",
+        lambda: "^{".join(digits(rng.integers(1, 4)) for _ in range(rng.integers(2, 6))) + "}" * 5,
+        lambda: digits(rng.integers(1, 7)) + "!" * int(rng.integers(1, 5)),
+        lambda: "1+" * int(rng.integers(300, 700)) + "1",
+        lambda: str(rng.choice(["0.5", "\\frac{2}{4}", "0.50001", "\\frac{1}{0}", "0^{-1}", "\\infty - \\infty",
+                                "\\frac{\\sqrt{8}}{2}", "2^{123456}", "{2}^{123456}", "(1,2]", "[1,2)", "x=2",
+                                "\\sqrt{2}+\\sqrt{2}-\\sqrt{2}", "10^{100}+0", "\\frac{\\pi}{4}", "45^\\circ"])),
+    ]
+    return [str(kinds[int(rng.integers(len(kinds)))]()) for _ in range(n)]
+
+
+# 10,000 answers take about 9 minutes on 2 shared, loaded CPU cores (math-verify costs ~0.05 s a call
+# there), too long for the default suite: it runs the first 1,000 of the same stream, `-m slow` all 10,000.
+@pytest.mark.parametrize("n", [1_000, pytest.param(10_000, marks=pytest.mark.slow)])
+def test_adversarial_answers_through_the_math_path(n):
+    """``n`` generated adversarial answers through the shipped math path (extraction, cheap checks,
+    size refusals, math-verify in its process pool, the shipped 5 s timeout). Every call the pool runs
+    ends within its timeout plus 1 s (the pool's own bookkeeping on a loaded CPU), fewer than 1% time
+    out, rewards are 0 or 1, and a good share of the answers really reach math-verify, so the bound is
+    tested on them rather than skipped."""
+    timeout_s = 5.0  # the shipped data.verify_timeout_s
+    answers = adversarial_answers(n)
+    references = [_REFERENCES[i % len(_REFERENCES)] for i in range(n)]
+    with Rewarder("math", "boxed", timeout_s=timeout_s, workers=2) as rewarder:
+        rewards = rewarder(_records(references), [f"\\boxed{{{a}}}" for a in answers])
+        seconds = np.asarray(rewarder._pool.call_seconds)
+        counts = dict(rewarder.counter.counts)
     assert set(rewards.tolist()) <= {0.0, 1.0}
-    assert time.monotonic() - start < len(answers) * math_rewarder.timeout_s
+    sent = seconds[~np.isnan(seconds)]
+    assert len(sent) == len(seconds) > n // 3, (len(sent), counts)  # the pool ran about half of them
+    assert sent.max() <= timeout_s + 1.0, np.sort(sent)[-5:]
+    assert counts.get("timeout", 0) < n // 100, counts
+    assert counts.get("error", 0) < n // 100, counts
+    # Answers that equal their reference in another spelling are found among the noise.
+    equal = [i for i, a in enumerate(answers) if (a, references[i]) in {("0.5", "1/2"), ("\\frac{2}{4}", "1/2"),
+                                                                       ("{2}^{123456}", "2^{123456}")}]
+    assert equal and all(rewards[i] == 1.0 for i in equal)
+
+
+@pytest.mark.parametrize("answer, reference", [
+    ("{2}^{123456}", "2^{123456}"), ("2 \\cdot 2^{123455}", "2^{123456}"), ("2^{3000000}", "{2}^{3000000}"),
+    ("{3}!!", "3!!"), ("9!!", "{9}!!"), ("100000!", "{100000}!"), ("7^{-123456}", "\\frac{1}{7^{123456}}"),
+])
+def test_large_legitimate_answers_are_decided_by_math_verify(math_rewarder, answer, reference):
+    """Large but legitimate values are verified, not refused unseen: equal spellings score 1 (not by
+    string equality) and a neighbouring value scores 0. math-verify reads n!! as (n!)!, as sympy does;
+    9!! = 362880! has 1.86 million digits, under MAX_DIGITS."""
+    from passrate_jax.data.rewards import exact_match, too_complex
+    assert not too_complex(answer) and not exact_match(answer, reference)
+    before = dict(math_rewarder.counter.counts)
+    assert math_rewarder(_records([reference]), [f"\\boxed{{{answer}}}"]).tolist() == [1.0]
+    assert math_rewarder(_records([reference]), [f"\\boxed{{{answer}+1}}"]).tolist() == [0.0]
+    assert dict(math_rewarder.counter.counts) == before  # decided, neither timed out nor refused
 
 
 def test_answers_that_stall_math_verify_score_zero_in_bounded_time(math_rewarder):
@@ -140,6 +190,6 @@ def test_answers_that_stall_math_verify_score_zero_in_bounded_time(math_rewarder
     start = time.monotonic()
     rewards = math_rewarder(_records(["1"] * len(stalls)), [f"\\boxed{{{a}}}" for a in stalls])
     assert rewards.tolist() == [0.0] * len(stalls)
-    # The tower is cut off by math-verify's own limit or by the pool; the rest are refused up front.
+    # Integers of billions of digits and deep nesting are refused up front: no call burns a timeout.
     assert time.monotonic() - start < math_rewarder.timeout_s + 5
-    assert math_rewarder.counter.counts["too_complex"] - before.get("too_complex", 0) == 3
+    assert math_rewarder.counter.counts["too_complex"] - before.get("too_complex", 0) == 4

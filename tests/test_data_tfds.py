@@ -8,7 +8,8 @@ import pytest
 
 from passrate_jax.config import load_config
 from passrate_jax.data.rewards import Rewarder
-from passrate_jax.data.sources import BadDataError, Fields, builtin_source, make_source
+from passrate_jax.data.configured import make_source
+from passrate_jax.data.sources import BadDataError, Fields, builtin_source
 from passrate_jax.data.tfds_builtin import prepare_builtin, tfds_source
 
 TRAIN, TEST = 300, 40

@@ -15,8 +15,8 @@ from passrate_jax.configlib import ConfigError
 from passrate_jax.envs import ENVS, CalculatorEnv, Episode, EnvTask, Transition
 from passrate_jax.envs.data import expert_trajectory
 from passrate_jax.envs.episodes import Rollout
-from passrate_jax.envs.replay import Turn, TurnCodec, cut_turns, replay
-from passrate_jax.envs.rollouts import EnvRolloutStore, env_batch_arrays, trajectory_tokens, turn_ids
+from passrate_jax.envs.replay import Turn, TurnCodec, cut_turns, replay, trajectory_tokens, turn_ids
+from passrate_jax.envs.rollouts import EnvRollouts
 from passrate_jax.tokenizer import CharTokenizer
 
 TOK = CharTokenizer()
@@ -162,9 +162,11 @@ def test_nondeterministic_environment_is_detected_and_the_replay_rejected():
     assert replay(ENVS["calculator"], task, det_turns[:2], CODEC).mismatch_turn == 2
 
 
-def _store(env, tasks):
+def _store(env, tasks, width_buckets=(64, 128, 256)):
+    """The environment backend without a sampler: these tests play the rollouts themselves."""
     prompts = [TOK.encode(t.prompt, add_bos=True) for t in tasks]
-    return EnvRolloutStore(env, tasks.__getitem__, prompts.__getitem__, CODEC, max_turns=env.max_turns, max_len=256)
+    return EnvRollouts(env, tasks.__getitem__, prompts.__getitem__, CODEC, None, max_turns=env.max_turns,
+                       max_len=256, turn_tokens=16, pad_id=TOK.pad_id, width_buckets=width_buckets)
 
 
 def _rollouts(env, task, start, action_lists):
@@ -188,24 +190,29 @@ def test_prefix_cut_at_turn_boundaries_and_masks_zero_on_replayed_turns_and_obse
     task = next(t for t in (env.sample(0, "train", i, level=4) for i in range(200)))
     store = _store(env, [task])
     src = Request(group_key=0, prompt_id=0, num_rollouts=2, first_index=0)
-    start = store.start(src)
+    [start] = store.contexts([src])
     assert start.context == store.prompt_ids(0) and start.episode.turns == 0
     sol = list(task.solution)
-    store.record(src, _rollouts(env, task, start, [sol, ["nonsense"] + sol]))
-    assert store.groups[0].rewards == {0: 1, 1: 1}
+    played = [_rollouts(env, task, start, [sol, ["nonsense"] + sol])]
+    assert store.score([src], played)["reward"].tolist() == [1, 1]
+    store.record([src], played)
     # Re-rollout group from rollout 1 (T = 6 turns) at ratio 0.4: floor(2.4) = 2 turns replayed.
     req = Request(group_key=1, prompt_id=0, num_rollouts=2, first_index=0,
                   prefix=Prefix(source_group=0, source_rollout=1, cut_ratio=0.4, bucket=0, success=True))
-    start = store.start(req)
+    [start] = store.contexts([req])
     assert start.episode.turns == 2 and start.episode.errors == 1
     assert start.episode.state == env.step(task, env.reset(task)[0], sol[0]).state  # rebuilt, not pasted
     replayed = store.groups[1].prefix
     assert [CODEC.action_text(t.action) for t in replayed] == ["nonsense", sol[0]]
     assert start.context == store.prompt_ids(0) + turn_ids(replayed)
-    store.record(req, _rollouts(env, task, start, [sol[1:], ["answer 0"]]))
-    groups = [TrainGroup(0, 0, (1, 1), None, False), TrainGroup(1, 0, tuple(store.groups[1].rewards.values()),
+    played = [_rollouts(env, task, start, [sol[1:], ["answer 0"]])]
+    scores = store.score([req], played)
+    # Episode lengths count the replayed turns: 2 replayed + the rest of the solution; 2 + 1.
+    assert scores["turns"].tolist() == [2 + len(sol) - 1, 3] and scores["action_errors"].tolist() == [0, 0]
+    store.record([req], played)
+    groups = [TrainGroup(0, 0, (1, 1), None, False), TrainGroup(1, 0, tuple(scores["reward"].tolist()),
                                                                 req.prefix, True)]
-    arrays = env_batch_arrays(store, groups, rows=8, width_buckets=(64, 128, 256), pad_id=TOK.pad_id)
+    arrays = store.batch(groups, rows=8)
     for row, (g, i) in enumerate([(0, 0), (0, 1), (1, 0), (1, 1)]):
         rec = store.groups[g]
         ids, mask = trajectory_tokens(store.prompt_ids(0), rec.prefix, rec.turns[i])
@@ -224,7 +231,7 @@ def test_prefix_cut_at_turn_boundaries_and_masks_zero_on_replayed_turns_and_obse
                                                                        + len(t.observation)])
             pos += len(t.action) + len(t.observation)
     assert arrays["group_ids"][:4].tolist() == [0, 0, 1, 1] and arrays["loss_mask"][4:].sum() == 0
-    # The store survives a JSON round trip (it is checkpointed).
+    # The trajectories survive a JSON round trip (they are checkpointed).
     again = _store(env, [task])
     again.load_json(json.loads(json.dumps(store.to_json())))
     assert again.groups == store.groups
@@ -233,16 +240,14 @@ def test_prefix_cut_at_turn_boundaries_and_masks_zero_on_replayed_turns_and_obse
 def test_store_rejects_a_replay_in_a_nondeterministic_environment():
     env = NoisyCalculator()
     task = env.sample(0, "train", 1, level=3)
-    store = _store(env, [task])
+    store = _store(env, [task], width_buckets=(256,))
     src = Request(0, 0, 1, 0)
-    store.record(src, _rollouts(env, task, store.start(src), [list(task.solution)]))
+    store.record([src], [_rollouts(env, task, store.contexts([src])[0], [list(task.solution)])])
     req = Request(1, 0, 3, 0, Prefix(0, 0, 0.5, 0, True))
-    assert store.start(req) is None and store.rejected == 1 and store.groups[1].rejected
-    assert store.record(req, None) == [0, 0, 0]
-    assert store.start(req) is None and store.rejected == 1  # rejected once, counted once
+    assert store.contexts([req]) == [None] and store.groups[1].rejected
+    assert store.contexts([req]) == [None]  # rejected once, not replayed again
     with pytest.raises(ValueError, match="rejected"):
-        env_batch_arrays(store, [TrainGroup(1, 0, (0, 0, 0), req.prefix, False)], rows=4, width_buckets=(256,),
-                         pad_id=0)
+        store.batch([TrainGroup(1, 0, (0, 0, 0), req.prefix, False)], rows=4)
 
 
 def test_turn_codec_handles_truncated_and_quitting_turns():

@@ -22,7 +22,7 @@ from passrate_jax.config import load_config
 from passrate_jax.envs import ENVS, Episode
 from passrate_jax.envs.episodes import Start, run_episodes
 from passrate_jax.envs.replay import TurnCodec
-from passrate_jax.envs.rollouts import EnvRolloutStore
+from passrate_jax.envs.rollouts import EnvRollouts
 from passrate_jax.metrics import read_jsonl
 from passrate_jax.train import NONDETERMINISTIC_METRICS, train
 
@@ -123,7 +123,7 @@ def test_turn_loop_shares_the_first_prefill_and_samples_independently_of_the_bat
 def _replayed_starts(monkeypatch):
     """Record (prefix cut ratio, replayed turns, source turns) of every PS start the store builds."""
     seen = []
-    real = EnvRolloutStore.start
+    real = EnvRollouts._start
 
     def start(self, request):
         s = real(self, request)
@@ -131,7 +131,7 @@ def _replayed_starts(monkeypatch):
             src = self.groups[request.prefix.source_group].turns[request.prefix.source_rollout]
             seen.append((request.prefix.cut_ratio, s.episode.turns, len(src)))
         return s
-    monkeypatch.setattr(EnvRolloutStore, "start", start)
+    monkeypatch.setattr(EnvRollouts, "_start", start)
     return seen
 
 

@@ -202,7 +202,7 @@ def test_fetch_assets_dry_run_and_conversion(tmp_path):
                    capture_output=True)
     data = tmp_path / "data" / "gsm8k"
     cfg = load_config(CONFIGS / "qwen3_gsm8k.yaml", [f"data.path={data}/train.jsonl", f"data.eval_path={data}/test.jsonl"])
-    from passrate_jax.data.sources import make_source
+    from passrate_jax.data.configured import make_source
     source = make_source(cfg.data)
     assert sorted((r.prompt, r.answer) for r in source.take(2)) == [("1+1?", "2"), ("2+2?", "4")]
     assert script("fetch_assets.sh", "not-a-model").returncode == 2

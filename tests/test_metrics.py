@@ -32,6 +32,22 @@ def test_jsonl_tensorboard_and_truncation(tmp_path):
     assert [(r["step"], r["loss"]) for r in read_jsonl(tmp_path / "metrics.jsonl")] == [(1, 1.0), (2, 0.5), (3, 9.0)]
 
 
+def test_killed_writes_are_dropped_on_restart(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    # A process killed in the middle of writing step 3's record, after step 2's checkpoint.
+    path.write_text('{"step": 0}\n{"step": 1}\n{"step": 2}\n{"step": 3, "lo')
+    w = MetricsWriter(tmp_path, tensorboard=False, truncate_after=2)
+    w.write({"step": 3})
+    w.close()
+    assert [r["step"] for r in read_jsonl(path)] == [0, 1, 2, 3]
+    # A run killed before its first checkpoint starts afresh: its step-0 record is not kept twice.
+    w = MetricsWriter(tmp_path, tensorboard=False, truncate_after=-1)
+    w.write({"step": 0})
+    w.close()
+    assert [r["step"] for r in read_jsonl(path)] == [0]
+    assert os.listdir(tmp_path) == ["metrics.jsonl"]  # the atomic rewrite leaves no temporary file
+
+
 def test_remote_run_directory_is_rewritten_whole(tmp_path, monkeypatch):
     # gs:// has no append: the writer keeps the records and rewrites the file (exercised on a local path).
     from passrate_jax import metrics

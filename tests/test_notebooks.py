@@ -22,7 +22,7 @@ NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("*.ipynb"))
 def test_notebooks_exist():
     names = {p.name for p in NOTEBOOKS}
     assert {"why_50_percent.ipynb", "sara_predictor.ipynb", "prefix_sampling_controller.ipynb",
-            "run_tour.ipynb"} <= names
+            "run_tour.ipynb", "allocation_sweeps.ipynb"} <= names
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)

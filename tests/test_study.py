@@ -1,28 +1,46 @@
-"""``passrate-jax study``: a small end-to-end study on the tiny model (the real one is docs/results.md)."""
+"""``passrate-jax study``: its statistics on synthetic runs with known answers (censoring, pairing,
+intervals, verdicts), and a small end-to-end study on the tiny model (the real one is docs/results.md)."""
 
+import dataclasses
+import math
 import os
 
+import numpy as np
 import pytest
 
+from passrate_jax.allocation.config import SaraConfig
 from passrate_jax.config import load_config
 from passrate_jax.configlib import ConfigError
-from passrate_jax.study import METHODS, NEUTRAL, make_plan, run_study
-from passrate_jax.study_report import DISCUSSION_MARKER, write_report
+from passrate_jax.study import make_plan, run_study
+from passrate_jax.study_analysis import analyse
+from passrate_jax.study_methods import CLAIMS, METHODS, NEUTRAL
+from passrate_jax.study_report import DISCUSSION_MARKER, fmt_interval, write_report
+from passrate_jax.study_stats import (factor_interval, first_reach, km_median, log_factor_bounds, mean_over,
+                                      paired_bootstrap, verdict)
 from tests.test_train_e2e import TINY, fake_verifier  # noqa: F401 - fixture
 
 # The preset of each method's composition (configs/); the study must run the same thing.
-PRESETS = {"grpo": "uniform", "dapo_ds": "ds", "mopps": "mopps", "dps": "dps", "sara": "sara",
-           "sara_dps": "sara_dps", "pilot_commit": "pilot_commit", "ps_fixed": "ps_fixed",
-           "ps_hard_only": "ps_hard_only", "ps_adaptive": "ps", "ps_sara": "default", "ps_sara_dps": "ps_sara_dps"}
+PRESETS = {"grpo": "uniform", "ds": "ds", "ds_ideal": "ds_ideal", "mopps": "mopps", "dps": "dps", "sara": "sara",
+           "sara_fixed": "sara_fixed", "sara_dps": "sara_dps", "pilot_commit": "pilot_commit",
+           "ps_adaptive": "ps", "ps_fixed": "ps_fixed", "ps_hard_only": "ps_hard_only", "ps_sara_dps": "ps_sara_dps"}
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HAS_SARA_MODE = "mode" in {f.name for f in dataclasses.fields(SaraConfig)}
 
 
 @pytest.mark.parametrize("method", list(METHODS))
 def test_study_methods_match_their_presets(method):
+    if method == "sara_fixed" and not HAS_SARA_MODE:
+        pytest.skip("allocation.sara.mode (SARA fill / fixed budget) and configs/sara_fixed.yaml arrive with "
+                    "allocation v2")
     base = os.path.join(ROOT, "configs", "default.yaml")
     ours = load_config(base, [*NEUTRAL, *METHODS[method][1]])
     preset = load_config(os.path.join(ROOT, "configs", f"{PRESETS[method]}.yaml"))
     assert ours.allocation == preset.allocation and ours.prefix_sampling == preset.prefix_sampling
+
+
+def test_claims_name_known_methods_and_measures():
+    for c in CLAIMS:
+        assert c.method in METHODS and c.baseline in METHODS and c.kind in ("factor", "above", "match")
 
 
 def test_bad_study_requests_fail_before_compute(tmp_path):
@@ -34,21 +52,168 @@ def test_bad_study_requests_fail_before_compute(tmp_path):
         make_plan(None, ["grpo"], [0], ["allocation.num_prompt=3"], str(tmp_path), quick=True)
 
 
+def test_study_command_defaults_and_errors(tmp_path, capsys):
+    from passrate_jax.cli import build_parser, main
+    from passrate_jax.study import DEFAULT_SEEDS, QUICK_SEEDS
+    assert len(DEFAULT_SEEDS) >= 5 and len(QUICK_SEEDS) >= 2  # paired intervals need seeds
+    args = build_parser().parse_args(["study", "--quick"])
+    assert args.methods == list(METHODS) and args.seeds is None
+    assert main(["study", "--out", str(tmp_path), "--methods", "grpo", "sarah"]) == 2
+    assert main(["study", "--out", str(tmp_path), "--target-fraction", "1.5"]) == 2
+    err = capsys.readouterr().err
+    assert "--methods sarah: unknown" in err and "--target-fraction 1.5" in err
+    assert not any(tmp_path.iterdir()), "nothing is trained or written before the request is validated"
+
+
+# --- statistics with known answers -------------------------------------------------------------------
+
+def test_kaplan_meier_median_keeps_censored_runs():
+    # Two runs reach the target (1000, 2000), three never do (censored at 3000): S(1000) = 4/5,
+    # S(2000) = 4/5 * 3/4 = 0.6 > 0.5, so the median is only known to exceed 3000. Dropping the
+    # censored runs would say 1500.
+    assert km_median([1000, 2000, 3000, 3000, 3000], [True, True, False, False, False]) == (3000.0, False)
+    # 500 reached, 2000 censored, 4000 reached: S(500) = 2/3, S(4000) = 0 -> median 4000 (not 2250).
+    assert km_median([500, 2000, 4000], [True, False, True]) == (4000.0, True)
+    # No censoring: the smallest time with S <= 0.5 (the lower median).
+    assert km_median([3, 1, 2, 4], [True] * 4) == (2.0, True)
+
+
+def test_first_reach_ignores_the_starting_point_and_censors_a_miss():
+    assert first_reach([0, 100, 200, 300], [0.7, 0.5, 0.66, 0.9], 0.66) == (200.0, True)
+    assert first_reach([0, 100, 200], [0.9, 0.5, 0.6], 0.66) == (200.0, False)
+
+
+def test_factors_are_paired_per_seed():
+    # Seed 0: 1000 vs 500 (2x); seed 1: 4000 vs 4000 (1x). Per seed, paired: geometric mean sqrt(2).
+    # Unpaired, mean over mean: 2500 / 2250 = 1.11.
+    lo, hi = log_factor_bounds([1000, 4000], [True, True], [500, 4000], [True, True])
+    iv = factor_interval(lo, hi)
+    assert iv["estimate_lo"] == pytest.approx(math.sqrt(2)) == iv["estimate_hi"]
+    # Bootstrap means over two seeds take the values {1, sqrt 2, 2} (the factor 1 with probability 1/4).
+    assert (iv["ci_lo"], iv["ci_hi"]) == pytest.approx((1.0, 2.0))
+    # Every seed 2x, at very different scales: the paired interval is exactly [2, 2]; an unpaired
+    # resampling of the two columns would not be.
+    lo, hi = log_factor_bounds([1000, 4000, 2000], [True] * 3, [500, 2000, 1000], [True] * 3)
+    iv = factor_interval(lo, hi)
+    assert (iv["estimate_lo"], iv["ci_lo"], iv["ci_hi"]) == pytest.approx((2.0, 2.0, 2.0))
+
+
+def test_a_censored_seed_bounds_its_factor_on_one_side():
+    # Seed 1's method run missed the target after 2000 rollouts: its factor is < 1000 / 2000, unbounded below.
+    lo, hi = log_factor_bounds([1000, 1000], [True, True], [500, 2000], [True, False])
+    assert lo[0] == hi[0] == pytest.approx(math.log(2)) and lo[1] == -np.inf and hi[1] == pytest.approx(math.log(0.5))
+    iv = factor_interval(lo, hi)
+    assert iv["estimate_lo"] == 0.0 and iv["estimate_hi"] == pytest.approx(1.0)
+    assert iv["ci_lo"] == 0.0 and iv["ci_hi"] == pytest.approx(2.0)
+    # The baseline missed (censored at 3000), the method reached at 1000: the factor is > 3.
+    lo, hi = log_factor_bounds([3000], [False], [1000], [True])
+    assert lo[0] == pytest.approx(math.log(3)) and hi[0] == np.inf
+    # Both missed: nothing is known.
+    lo, hi = log_factor_bounds([3000], [False], [1000], [False])
+    assert (lo[0], hi[0]) == (-np.inf, np.inf)
+
+
+def test_difference_interval_and_formatting():
+    iv = paired_bootstrap([0.01, 0.03], [0.01, 0.03])
+    assert iv["estimate_lo"] == pytest.approx(0.02) and (iv["ci_lo"], iv["ci_hi"]) == pytest.approx((0.01, 0.03))
+    assert fmt_interval({**iv, "censored_seeds": 0}, 3) == "0.020 [0.010, 0.030]"
+    censored = {"estimate_lo": 0.0, "estimate_hi": 1.0, "ci_lo": 0.0, "ci_hi": 2.0, "n": 2, "censored_seeds": 1}
+    assert fmt_interval(censored) == "0.00–1.00 [0.00, 2.00] (1 censored)"
+
+
+@pytest.mark.parametrize("kind,value,lo,hi,expected", [
+    ("factor", 1.92, 1.1, 2.5, "reproduced"), ("factor", 1.92, 0.8, 2.5, "inconclusive"),
+    ("factor", 1.92, 1.1, 1.5, "contradicted"), ("factor", 1.28, 0.0, 1.0, "contradicted"),
+    ("factor", 1.28, 0.0, np.inf, "inconclusive"),
+    ("above", 0.0, 0.01, 0.05, "reproduced"), ("above", 0.0, -0.05, -0.01, "contradicted"),
+    ("above", 0.0, -0.01, 0.02, "inconclusive"),
+    ("match", 0.02, -0.01, 0.015, "reproduced"), ("match", 0.02, 0.03, 0.05, "contradicted"),
+    ("match", 0.02, -0.01, 0.03, "inconclusive"),
+])
+def test_verdicts(kind, value, lo, hi, expected):
+    assert verdict({"ci_lo": lo, "ci_hi": hi, "n": 5}, kind, value) == expected
+    assert verdict({"ci_lo": lo, "ci_hi": hi, "n": 1}, kind, value) == "inconclusive"
+
+
+def test_mean_accuracy_over_rollouts():
+    # 0..100: linear 0.5 -> 0.7 (mean 0.6), 100..150: 0.7: (60 + 35) / 150.
+    assert mean_over([0, 100, 200], [0.5, 0.7, 0.7], 150) == pytest.approx(95 / 150)
+
+
+def _run(accuracy, rollouts_per_step, valid_per_step, steps=20, every=5):
+    """Synthetic metrics.jsonl records: an evaluation every ``every`` steps with the given accuracies."""
+    records = [{"step": 0, "rollouts_total": 0, "eval_sampled_accuracy": accuracy[0], "eval_accuracy": 0.0}]
+    for t in range(1, steps + 1):
+        r = {"step": t, "rollouts_total": rollouts_per_step * t, "valid_groups": valid_per_step,
+             "useful_rollout_fraction": 0.5, "time/step_s": 2.0}
+        if t % every == 0:
+            r.update(eval_sampled_accuracy=accuracy[t // every], eval_accuracy=0.0)
+        records.append(r)
+    return records
+
+
+def test_analysis_of_synthetic_runs_with_known_answers():
+    grpo_curve = np.array([0.5, 0.6, 0.7, 0.7, 0.7])
+    runs = {"grpo": {}, "ds": {}, "sara": {}}
+    for s, per_step in enumerate((100, 400, 100)):
+        off = 0.1 * s  # each seed its own warm start, so its own target
+        runs["grpo"][s] = _run(grpo_curve + off, per_step, 4)
+        runs["ds"][s] = _run(grpo_curve + off, 3 * per_step, 8)
+    runs["sara"][0] = _run([0.5, 0.7, 0.7, 0.7, 0.7], 100, 6)  # target 0.66 at step 5: 500 rollouts
+    runs["sara"][1] = _run(grpo_curve + 0.1, 400, 6)             # target 0.76 at step 10: 4000
+    runs["sara"][2] = _run([0.7, 0.75, 0.8, 0.8, 0.8], 100, 6)   # target 0.86 never: censored at 2000
+    a = analyse(runs)
+    assert a["metric"] == "eval_sampled_accuracy"
+    assert [a["targets"][s] for s in range(3)] == pytest.approx([0.66, 0.76, 0.86])
+    sara = a["methods"]["sara"]["rollouts_to_target"]
+    assert sara["per_seed"] == [(500.0, True), (4000.0, True), (2000.0, False)]
+    assert (sara["median"], sara["median_reached"], sara["reached"]) == (4000.0, True, 2)
+    # Against DS (3000, 12000, 3000 to target): per-seed factors 6, 3 and (censored) < 1.5.
+    iv = a["comparisons"][("sara", "ds")]["rollouts_to_target"]
+    assert iv["estimate_lo"] == 0.0 and iv["estimate_hi"] == pytest.approx(3.0) and iv["censored_seeds"] == 1
+    assert iv["ci_lo"] == 0.0 and iv["ci_hi"] == pytest.approx(6.0)
+    # GRPO against DS: exactly 3x fewer rollouts in every seed; the same steps.
+    c = a["comparisons"][("grpo", "ds")]
+    assert (c["rollouts_to_target"]["ci_lo"], c["rollouts_to_target"]["ci_hi"]) == pytest.approx((3.0, 3.0))
+    assert c["steps_to_target"]["estimate_lo"] == pytest.approx(1.0)
+    assert a["per_seed"]["sara"][0]["seconds_to_target"] == (10.0, True)  # 5 steps of 2 s
+    # Target-free measures: valid groups 6 vs 4 per step; rollouts per valid group 100/6 vs 100/4.
+    c = a["comparisons"][("sara", "grpo")]
+    assert c["valid_groups_per_step"]["estimate_lo"] == pytest.approx(1.5)
+    assert c["rollouts_per_valid_group"]["estimate_lo"] == pytest.approx(1.5)
+    assert c["final_accuracy"]["estimate_lo"] == pytest.approx(np.mean([0.0, 0.0, 0.8 - 0.9]))
+    # H = the fewest rollouts a method of the seed spent (GRPO's and SARA's 2000 in seed 0).
+    assert a["horizons"][0] == 2000.0
+    claim = next(r for r in a["claims"] if r["claim"].label == "SARA: fewer rollouts than DS")
+    assert claim["verdict"] == "inconclusive"  # [0, 6] covers both 1 and 1.28
+    assert a["no_gain_seeds"] == []
+    # Greedy accuracy when asked for (here flat at 0: GRPO gains nothing, which the analysis flags).
+    greedy = analyse(runs, metric="eval_accuracy")
+    assert greedy["metric"] == "eval_accuracy" and greedy["no_gain_seeds"] == [0, 1, 2]
+    # ... and leaves those seeds out of every to-target comparison (the others keep them).
+    assert greedy["comparisons"][("sara", "ds")]["rollouts_to_target"]["n"] == 0
+    assert greedy["comparisons"][("sara", "ds")]["final_accuracy"]["n"] == 3
+    assert all(r["verdict"] == "inconclusive" for r in greedy["claims"] if r["claim"].measure.endswith("_target"))
+
+
 def test_small_study_end_to_end(tmp_path, fake_verifier):  # noqa: F811
     tiny = [t for t in TINY if not t.startswith("eval_every")] + ["allocation.num_prompts=4", "steps=4",
                                                                   "eval_every=2", "data.eval_size=4"]
-    plan = make_plan(None, ["grpo", "dapo_ds", "ps_sara"], [0, 1], tiny, str(tmp_path / "study"), quick=True)
+    plan = make_plan(None, ["grpo", "ds", "ps_sara_dps"], [0, 1], tiny, str(tmp_path / "study"), quick=True)
     analysis = run_study(plan, progress=False)
-    assert set(analysis["methods"]) == {"grpo", "dapo_ds", "ps_sara"}
+    assert set(analysis["methods"]) == {"grpo", "ds", "ps_sara_dps"} and analysis["metric"] == "eval_accuracy"
     for m in analysis["methods"].values():
         assert m["seeds"] == [0, 1] and m["rollouts_total"]["n"] == 2 and m["rollouts_total"]["mean"] > 0
-    assert analysis["methods"]["ps_sara"]["ps_pass_rate"], "PS runs report re-rollout pass rates per bucket"
+    assert analysis["methods"]["ps_sara_dps"]["ps_pass_rate"], "PS runs report re-rollout pass rates per bucket"
+    assert ("ps_sara_dps", "grpo") in analysis["comparisons"] and ("grpo", "ds") in analysis["comparisons"]
     report = tmp_path / "results.md"
     report.write_text(f"old\n{DISCUSSION_MARKER}\nmy notes\n")
     paths = write_report(plan, analysis, str(report), command="passrate-jax study --quick")
     text = report.read_text()
-    assert "| GRPO (uniform) | " in text and "| PS + SARA | " in text and "passrate-jax study --quick" in text
-    assert "SARA: 22% fewer rollouts than DAPO" in text and text.endswith("my notes\n") and "old" not in text
+    assert "| GRPO (uniform) | " in text and "| PS + SARA + DPS | " in text and "passrate-jax study --quick" in text
+    assert "Pilot-Commit" not in text.split("## Against")[0].split("## The source")[1]  # only claims with runs
+    assert "22% fewer rollouts than DS" not in text  # SARA was not run
+    assert text.endswith("my notes\n") and "old" not in text
     assert all(os.path.getsize(p) > 0 for p in paths)
     # A second invocation reuses the finished runs instead of training them again.
     metrics = tmp_path / "study" / "runs" / "grpo" / "seed0" / "metrics.jsonl"

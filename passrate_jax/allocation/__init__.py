@@ -9,8 +9,9 @@ Pure, jit-compatible pieces (optax-style state + functions) and one host-driven 
 - :class:`Allocator`: every composition of DESIGN 2.5 behind one round-by-round interface.
 """
 
-from passrate_jax.allocation.allocator import (Allocator, AllocatorState, Prefix, Request, Result, StepResult,
-                                               TrainGroup, state_from_dict, state_to_dict)
+from passrate_jax.allocation.allocator import Allocator
+from passrate_jax.allocation.protocol import (AllocatorState, Prefix, Request, Result, StepResult, TrainGroup,
+                                              state_from_dict, state_to_dict)
 from passrate_jax.allocation.beta_binomial import log_run_probability, validity_probability
 from passrate_jax.allocation.group_queue import (GroupQueue, pilot_priority, queue_expire, queue_init, queue_push,
                                                  queue_take)

@@ -9,125 +9,27 @@
         result, state = run.finish()     # result.groups: what to train on; result.rollouts_spent
 
 Every composition {uniform, ds, sara, pilot_commit} x {none, mopps, dps} x {PS off, on} is this one
-object: the base method decides which groups are opened, probed, completed and kept; the selection
-method decides which prompts are opened; Prefix Sampling adds re-rollout groups. The persistent
-state is the :class:`AllocatorState` pytree (round-trips through :func:`state_to_dict`).
+object: the base method's policy (:mod:`.policies`) decides which groups are opened, probed, completed
+and kept; the selection method decides which prompts are opened; Prefix Sampling adds re-rollout
+groups; the round machine (:mod:`.machine`) runs them. The persistent state is the
+:class:`AllocatorState` pytree (round-trips through :func:`state_to_dict`).
 """
 
 from __future__ import annotations
 
-import dataclasses
-
-import jax
 import jax.numpy as jnp
-import numpy as np
-from flax import struct
 
 from passrate_jax.allocation.config import AllocationConfig, PrefixSamplingConfig
-from passrate_jax.allocation.group_queue import GroupQueue, queue_init
-from passrate_jax.allocation.prefix_control import PrefixControlState, prefix_control_init
-from passrate_jax.allocation.selection import SelectionState, selection_init
+from passrate_jax.allocation.group_queue import queue_init
+from passrate_jax.allocation.policies import UNBOUNDED, knobs_from_config, make_setup
+from passrate_jax.allocation.prefix_control import prefix_control_init
+from passrate_jax.allocation.protocol import (AllocatorState, Prefix, Request, Result, StepResult, TrainGroup,
+                                              state_from_dict, state_to_dict)
+from passrate_jax.allocation.selection import selection_init
+from passrate_jax.allocation.step import StepRun
 
-
-@dataclasses.dataclass(frozen=True)
-class Prefix:
-    """A prefix replay: continue from the first ``cut_ratio`` of trajectory ``source_rollout`` of
-    group ``source_group`` (a group of an earlier step, kept by the host; see
-    ``StepResult.retained_keys``). ``success``: the source trajectory succeeded (hard bucket, head
-    start) or failed (easy bucket, handicap). ``bucket``: the PS bucket id."""
-    source_group: int
-    source_rollout: int
-    cut_ratio: float
-    bucket: int
-    success: bool
-
-
-@dataclasses.dataclass(frozen=True)
-class Request:
-    """Generate ``num_rollouts`` rollouts of prompt ``prompt_id`` for group ``group_key``; they are
-    the group's rollouts ``first_index .. first_index + num_rollouts - 1``. ``prefix`` None: fresh
-    context; else continue from the replayed prefix (mask the prefix tokens out of the loss)."""
-    group_key: int
-    prompt_id: int
-    num_rollouts: int
-    first_index: int
-    prefix: Prefix | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class Result:
-    """Binary rewards (0/1) of one request's rollouts, in request order."""
-    group_key: int
-    rewards: tuple[int, ...]
-
-
-@dataclasses.dataclass(frozen=True)
-class TrainGroup:
-    """A group to train on: rollouts ``0 .. len(rewards) - 1`` of ``group_key`` (some may come from
-    earlier steps: Pilot-Commit's pilot, ideal DS's surplus). ``valid``: rewards are mixed."""
-    group_key: int
-    prompt_id: int
-    rewards: tuple[int, ...]
-    prefix: Prefix | None
-    valid: bool
-
-
-@dataclasses.dataclass(frozen=True)
-class StepResult:
-    """What one step produced.
-
-    groups: the groups to train on, in order. rollouts_spent: rollouts generated this step
-    (every request, including abandoned probes, skipped pilots and discarded surplus).
-    abandoned: (prompt_id, n, s) of prompts given up after a partial group (SARA abandon,
-    Pilot-Commit skip or evict). retained_keys: group keys whose trajectories later steps may
-    request (pilot buffer, replay sources, DS surplus); the host may free every other trajectory.
-    replay_successes, replay_rollouts: per PS bucket, this step's re-rollout outcomes.
-    """
-    groups: list[TrainGroup]
-    rollouts_spent: int
-    rounds: int
-    abandoned: list[tuple[int, int, int]]
-    retained_keys: frozenset[int]
-    replay_successes: np.ndarray
-    replay_rollouts: np.ndarray
-
-
-@struct.dataclass
-class AllocatorState:
-    """Everything the allocator keeps across steps (P prompts, N group size).
-
-    step: int32 scalar. key: uint32 [2] PRNG key. next_group_key: int32 scalar, next unused group key.
-    evicted: bool [P], prompts Pilot-Commit removed from later epochs. selection: MoPPS/DPS models.
-    pilot_buffer, replay_queue, surplus: group queues (Pilot-Commit kept pilots, PS replay sources,
-    ideal DS surplus). prefix_control: PS per-bucket ratio and EMA.
-    """
-    step: jax.Array
-    key: jax.Array
-    next_group_key: jax.Array
-    evicted: jax.Array
-    selection: SelectionState
-    pilot_buffer: GroupQueue
-    replay_queue: GroupQueue
-    surplus: GroupQueue
-    prefix_control: PrefixControlState
-
-
-def state_to_dict(state: AllocatorState) -> dict[str, np.ndarray]:
-    """Flatten the state to {"selection/alpha": array, ...} (numpy), e.g. for a checkpoint."""
-    leaves = jax.tree_util.tree_leaves_with_path(state)
-    return {"/".join(str(getattr(k, "name", k)) for k in path): np.asarray(v) for path, v in leaves}
-
-
-def state_from_dict(data: dict[str, np.ndarray], like: AllocatorState) -> AllocatorState:
-    """Inverse of :func:`state_to_dict`; ``like`` (e.g. ``Allocator.init``) gives the structure.
-    Raises KeyError or ValueError on a missing key or a shape mismatch."""
-    def load(path, leaf):
-        name = "/".join(str(getattr(k, "name", k)) for k in path)
-        value = np.asarray(data[name])
-        if value.shape != leaf.shape:
-            raise ValueError(f"{name}: shape {value.shape} != expected {leaf.shape}")
-        return jnp.asarray(value, dtype=leaf.dtype)
-    return jax.tree_util.tree_map_with_path(load, like)
+__all__ = ["Allocator", "AllocatorState", "Prefix", "Request", "Result", "StepResult", "TrainGroup",
+           "state_from_dict", "state_to_dict"]
 
 
 class Allocator:
@@ -140,16 +42,16 @@ class Allocator:
         self.cfg = cfg
         self.ps = prefix_sampling
         self.num_prompts = num_prompts
+        self.setup = make_setup(cfg, prefix_sampling, num_prompts)
+        self.knobs = knobs_from_config(cfg, prefix_sampling)
 
     @property
     def budget(self) -> float:
-        """Rollouts a step may spend: ``cfg.budget``, else B * N for uniform and SARA (DESIGN 2.2) and
+        """Rollouts a step may spend: ``cfg.budget``, else B * N for uniform and fixed-budget SARA,
+        DS's worst case (gen_batch_multiple * max_gen_batches * B * N) for SARA fill (DESIGN 2.2),
         unbounded for DS and Pilot-Commit, which their round limits bound."""
-        if self.cfg.budget is not None:
-            return self.cfg.budget
-        if self.cfg.method in ("uniform", "sara"):
-            return self.cfg.num_prompts * self.cfg.group_size
-        return float("inf")
+        budget = int(self.knobs.budget)
+        return float("inf") if budget >= UNBOUNDED else budget
 
     def init(self, key) -> AllocatorState:
         """Fresh state: uninformed selection models, empty queues, controllers at ratio_init."""
@@ -164,7 +66,6 @@ class Allocator:
             surplus=queue_init(b, n),
             prefix_control=prefix_control_init(n, self.ps))
 
-    def start_step(self, state: AllocatorState):
-        """Begin a step; returns a :class:`passrate_jax.allocation.step.StepRun`."""
-        from passrate_jax.allocation.step import StepRun
-        return StepRun(self, state)
+    def start_step(self, state: AllocatorState) -> StepRun:
+        """Begin a step; returns its :class:`StepRun` (requests / observe / finish)."""
+        return StepRun(self.setup, self.knobs, state)

@@ -12,6 +12,8 @@ where P(m more failures) = prod_{j<m} (beta + j) / (alpha + beta + j) = B(beta +
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from jax.scipy.special import betaln, gammaln
@@ -36,8 +38,17 @@ def log_run_probability(m, alpha, beta):
     return betaln(beta + m, alpha) - betaln(beta, alpha)
 
 
-@jax.jit
-def validity_probability(n, s, group_size, prior_a=1.0, prior_b=1.0):
+def _log_run_probability_short(m, alpha, beta, max_run: int):
+    """:func:`log_run_probability` for runs of at most ``max_run`` (static): the product itself,
+    sum_{j < min(m, max_run)} log((beta + j) / (alpha + beta + j)). Exact to float rounding and, for a
+    small ``max_run`` such as a group size, far cheaper to compile and run than log-Beta functions."""
+    j = jnp.arange(max_run, dtype=alpha.dtype)
+    terms = jnp.log((beta[..., None] + j) / (alpha[..., None] + beta[..., None] + j))
+    return jnp.sum(jnp.where(j < m[..., None], terms, 0.0), axis=-1)
+
+
+@functools.partial(jax.jit, static_argnames=("max_run",))
+def validity_probability(n, s, group_size, prior_a=1.0, prior_b=1.0, max_run: int | None = None):
     """Probability that a group completed to ``group_size`` rollouts is valid (mixed), elementwise.
 
     Args:
@@ -45,6 +56,8 @@ def validity_probability(n, s, group_size, prior_a=1.0, prior_b=1.0):
       s: successes among them (0 <= s <= n), int array.
       group_size: N, the full group size (int or int array, broadcastable).
       prior_a, prior_b: Beta prior of the prompt's success rate (float or array, > 0).
+      max_run: optional static bound on N - n (e.g. the group size); when given, the run probabilities
+        are the products themselves (cheap for small N) instead of log-Beta differences.
 
     Returns:
       Probability in [0, 1], float32 (float64 when the priors are float64), broadcast shape of the
@@ -57,8 +70,13 @@ def validity_probability(n, s, group_size, prior_a=1.0, prior_b=1.0):
     alpha = a.astype(dtype) + s.astype(dtype)
     beta = b.astype(dtype) + (n - s).astype(dtype)
     m = jnp.maximum(group_size - n, 0)
-    p_all_fail = jnp.exp(log_run_probability(m, alpha, beta))
-    p_all_succeed = jnp.exp(log_run_probability(m, beta, alpha))
+    if max_run is None:
+        p_all_fail = jnp.exp(log_run_probability(m, alpha, beta))
+        p_all_succeed = jnp.exp(log_run_probability(m, beta, alpha))
+    else:
+        alpha, beta, m = jnp.broadcast_arrays(alpha, beta, m)
+        p_all_fail = jnp.exp(_log_run_probability_short(m, alpha, beta, max_run))
+        p_all_succeed = jnp.exp(_log_run_probability_short(m, beta, alpha, max_run))
     # n = 0 makes both indicators true: the group is invalid if all N fail or all N succeed.
     p = 1.0 - jnp.where(s == 0, p_all_fail, 0.0) - jnp.where(s == n, p_all_succeed, 0.0)
     mixed = (s > 0) & (s < n)

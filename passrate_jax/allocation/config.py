@@ -19,13 +19,16 @@ class DSConfig:
 @dataclasses.dataclass(frozen=True)
 class SaraConfig:
     """SARA sequential allocation."""
+    mode: Literal["fill", "fixed_budget"] = option(
+        "fill", doc="fill: open prompts until B confirmed groups are complete (capped at DS's worst case); "
+                    "fixed_budget: spend at most B * N rollouts a step")
     tau_confirm: float = option(0.9, ge=0, le=1)
     tau_abandon: float = option(0.45, ge=0, le=1)
     round_schedule: tuple[int, ...] = option((2, 2), ge=1,
                                               doc="probe rollouts per round; a confirmed group is completed to N")
     prior_a: float = option(1.0, gt=0)
     prior_b: float = option(1.0, gt=0)
-    max_rounds: int = option(32, ge=1, doc="rounds per step before SARA stops (ours)")
+    max_rounds: int = option(256, ge=1, doc="rounds per step before SARA stops, a safety bound (ours)")
 
     def validate(self) -> None:
         if self.tau_abandon >= self.tau_confirm:
@@ -62,7 +65,9 @@ class AllocationConfig:
     method: Literal["uniform", "ds", "sara", "pilot_commit"] = option("uniform")
     num_prompts: int = option(8, ge=1, doc="B: groups trained per step")
     group_size: int = option(8, ge=2, doc="N: rollouts per group")
-    budget: int | None = option(None, ge=1, doc="rollout budget per step; None: B * N (SARA)")
+    budget: int | None = option(None, ge=1, doc="rollout budget per step; None: B * N for uniform and "
+                                 "fixed-budget SARA, gen_batch_multiple * max_gen_batches * B * N for SARA fill, "
+                                 "unbounded for DS and Pilot-Commit (their round limits bound them)")
     ds: DSConfig = section(DSConfig)
     sara: SaraConfig = section(SaraConfig)
     pilot_commit: PilotCommitConfig = section(PilotCommitConfig)

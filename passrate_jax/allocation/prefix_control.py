@@ -70,8 +70,26 @@ def prefix_control_init(group_size: int, cfg: PrefixSamplingConfig) -> PrefixCon
                               ema=jnp.full((k,), cfg.target, jnp.float32))
 
 
+@struct.dataclass
+class ControllerGains:
+    """The controller's tunable numbers as arrays (float32 scalars), so a sweep can vmap over them.
+    target: pass rate aimed at; deadzone: delta; step: eta; ema_decay: rho."""
+    target: jax.Array
+    deadzone: jax.Array
+    step: jax.Array
+    ema_decay: jax.Array
+
+
+def controller_gains(cfg: PrefixSamplingConfig) -> ControllerGains:
+    """The gains ``cfg`` sets."""
+    f = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
+    return ControllerGains(target=f(cfg.target), deadzone=f(cfg.deadzone), step=f(cfg.step),
+                           ema_decay=f(cfg.ema_decay))
+
+
 @functools.partial(jax.jit, static_argnames=("cfg",))
-def prefix_control_update(state: PrefixControlState, successes, rollouts, cfg: PrefixSamplingConfig):
+def prefix_control_update(state: PrefixControlState, successes, rollouts, cfg: PrefixSamplingConfig,
+                          gains: ControllerGains | None = None):
     """One step of every bucket's controller.
 
     Args:
@@ -82,15 +100,17 @@ def prefix_control_update(state: PrefixControlState, successes, rollouts, cfg: P
     r <- clip(r - sigma eta sign(e), r_min, r_max) with sigma = +1 for hard (success-prefix) buckets,
     -1 for easy (failure-prefix) ones: a too-easy hard bucket gets a shorter head start, a too-easy
     easy bucket a longer handicap. Mode "fixed" tracks the EMA but never moves the ratio.
+    ``gains`` (traced) replaces cfg's target, deadzone, step and ema_decay when given.
     """
+    g = controller_gains(cfg) if gains is None else gains
     k = state.ratio.shape[0]
     seen = jnp.asarray(rollouts) > 0
     p_hat = jnp.asarray(successes, jnp.float32) / jnp.maximum(jnp.asarray(rollouts, jnp.float32), 1.0)
-    ema = jnp.where(seen, cfg.ema_decay * state.ema + (1 - cfg.ema_decay) * p_hat, state.ema)
-    err = ema - cfg.target
+    ema = jnp.where(seen, g.ema_decay * state.ema + (1 - g.ema_decay) * p_hat, state.ema)
+    err = ema - g.target
     sigma = jnp.where(jnp.arange(k) < k // 2, 1.0, -1.0)
-    moved = jnp.clip(state.ratio - sigma * cfg.step * jnp.sign(err), cfg.ratio_min, cfg.ratio_max)
-    adapt = seen & (jnp.abs(err) > cfg.deadzone) & (cfg.mode != "fixed")
+    moved = jnp.clip(state.ratio - sigma * g.step * jnp.sign(err), cfg.ratio_min, cfg.ratio_max)
+    adapt = seen & (jnp.abs(err) > g.deadzone) & (cfg.mode != "fixed")
     return PrefixControlState(ratio=jnp.where(adapt, moved, state.ratio), ema=ema)
 
 

@@ -3,6 +3,8 @@
 Pure and elementwise over the active prompts, so one jitted call decides a whole round:
 
     action, p_valid, chunk = sara_decide(n, s, probes_done, prior_a, prior_b, cfg, group_size)
+
+:func:`sara_rule` is the same rule with traced thresholds, for sweeps under ``jax.vmap``.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ CONTINUE, CONFIRM, ABANDON = 0, 1, 2
 
 @functools.partial(jax.jit, static_argnames=("cfg", "group_size"))
 def sara_decide(n, s, probes_done, prior_a, prior_b, cfg: SaraConfig, group_size: int):
-    """Dual-threshold (SPRT-style) rule for each active prompt.
+    """Dual-threshold (SPRT-style) rule for each active prompt, with ``cfg``'s thresholds and schedule.
 
     Args:
       n, s: rollouts observed and successes, int arrays [K].
@@ -34,13 +36,20 @@ def sara_decide(n, s, probes_done, prior_a, prior_b, cfg: SaraConfig, group_size
       the schedule's next probe size when continuing (N - n once the schedule is exhausted, so an
       undecided prompt ends as a full group), 0 when abandoned.
     """
-    p_valid = validity_probability(n, s, group_size, prior_a, prior_b)
-    action = jnp.where(p_valid >= cfg.tau_confirm, CONFIRM,
-                       jnp.where(p_valid <= cfg.tau_abandon, ABANDON, CONTINUE)).astype(jnp.int32)
+    return sara_rule(n, s, probes_done, prior_a, prior_b, cfg.tau_confirm, cfg.tau_abandon,
+                     jnp.asarray(cfg.round_schedule, jnp.int32), group_size)
+
+
+def sara_rule(n, s, probes_done, prior_a, prior_b, tau_confirm, tau_abandon, schedule, group_size: int):
+    """:func:`sara_decide` with traced thresholds (float scalars) and ``schedule`` (int32 [L], L static),
+    so a sweep can ``jax.vmap`` over them. Not jitted: call it inside a jitted function."""
+    p_valid = validity_probability(n, s, group_size, prior_a, prior_b, max_run=group_size)
+    action = jnp.where(p_valid >= tau_confirm, CONFIRM,
+                       jnp.where(p_valid <= tau_abandon, ABANDON, CONTINUE)).astype(jnp.int32)
     remaining = jnp.maximum(group_size - n, 0)
-    schedule = jnp.asarray(cfg.round_schedule, jnp.int32)
-    idx = jnp.clip(probes_done, 0, len(cfg.round_schedule) - 1)
-    probe = jnp.where(probes_done < len(cfg.round_schedule), schedule[idx], remaining)
+    length = schedule.shape[0]
+    idx = jnp.clip(probes_done, 0, length - 1)
+    probe = jnp.where(probes_done < length, schedule[idx], remaining)
     chunk = jnp.where(action == CONFIRM, remaining,
                       jnp.where(action == ABANDON, 0, jnp.minimum(probe, remaining)))
     return action, p_valid, chunk.astype(jnp.int32)

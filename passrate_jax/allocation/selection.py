@@ -30,7 +30,8 @@ class SelectionState:
     alpha, beta: float32 [P], decayed Beta posterior of the success rate (MoPPS form).
     counts: float32 [P, 3, 3], Dirichlet transition counts from state i (row) to state j (column)
       over (all-wrong, mixed, all-correct).
-    last: float32 [P, 3], belief over the state at the prompt's last observation (uniform if unseen).
+    last: float32 [P, 3], belief over the prompt's state at the last step: the observed state if it was
+      observed then, else the belief propagated one transition per step since (uniform if never seen).
     """
     alpha: jax.Array
     beta: jax.Array
@@ -54,7 +55,7 @@ def observed_state(n, s, group_size, prior_a, prior_b):
     pilot) is split by the validity predictor under the prompt's Beta prior (ours): all failures ->
     (1 - P_valid, P_valid, 0). Returns float32 [..., 3].
     """
-    p_valid = validity_probability(n, s, group_size, prior_a, prior_b)
+    p_valid = validity_probability(n, s, group_size, prior_a, prior_b, max_run=group_size)
     fail = (s == 0) & (n > 0)
     succ = (s == n) & (n > 0)
     mixed = ~fail & ~succ
@@ -66,11 +67,17 @@ def observed_state(n, s, group_size, prior_a, prior_b):
 @functools.partial(jax.jit, static_argnames=("cfg", "group_size"))
 def selection_update(state: SelectionState, prompt_ids, n, s, mask, cfg: SelectionConfig,
                      group_size: int) -> SelectionState:
-    """Fold one step's outcomes into the models of ``prompt_ids`` (int [K], unique where ``mask``).
+    """One step of both models: fold this step's outcomes of ``prompt_ids`` (int [K], unique where
+    ``mask``) in, and move every other prompt's DPS model on by one step. Call it once per step.
 
-    MoPPS: alpha <- lam alpha + (1-lam) alpha0 + s; beta <- lam beta + (1-lam) beta0 + (n - s).
-    DPS: counts <- lam counts + (1-lam) alpha0 + outer(last, q); last <- q, with q the observed state.
-    Entries with ``mask`` False (padding) or n = 0 leave the state unchanged.
+    MoPPS (observed prompts only): alpha <- lam alpha + (1-lam) alpha0 + s; beta <- lam beta +
+    (1-lam) beta0 + (n - s).
+    DPS, as in the released code (maoyixiu/DPS, recipe/dps/task_sampler.py), for every prompt with
+    T = counts row-normalised (T[i, j] = P(next state j | state i)):
+      observed with state belief q: counts <- lam counts + (1-lam) alpha0 + W, W[i, j] proportional to
+        last[i] T[i, j] q[j] and summing to 1 (the posterior over the transition just seen); last <- q.
+      unobserved: counts <- lam counts + (1-lam) alpha0; last <- last T (the belief moves one step).
+    Entries with ``mask`` False (padding) or n = 0 count as unobserved.
     """
     n = jnp.asarray(n, jnp.int32)
     s = jnp.asarray(s, jnp.int32)
@@ -81,14 +88,16 @@ def selection_update(state: SelectionState, prompt_ids, n, s, mask, cfg: Selecti
     lam = cfg.mopps_lambda
     new_a = lam * a + (1 - lam) * cfg.mopps_alpha0 + s
     new_b = lam * b + (1 - lam) * cfg.mopps_beta0 + (n - s)
+    trans = state.counts / state.counts.sum(-1, keepdims=True)
+    decayed = cfg.dps_lambda * state.counts + (1 - cfg.dps_lambda) * cfg.dps_alpha0
+    propagated = jnp.einsum("pi,pij->pj", state.last, trans)
     q = observed_state(n, s, group_size, a, b)
-    prev = state.last[prompt_ids]
-    new_counts = (cfg.dps_lambda * state.counts[prompt_ids] + (1 - cfg.dps_lambda) * cfg.dps_alpha0
-                  + prev[:, :, None] * q[:, None, :])
+    joint = state.last[prompt_ids][:, :, None] * trans[prompt_ids] * q[:, None, :]
+    soft = joint / jnp.maximum(joint.sum((1, 2), keepdims=True), 1e-30)
     return SelectionState(alpha=state.alpha.at[ids].set(new_a, mode="drop"),
                           beta=state.beta.at[ids].set(new_b, mode="drop"),
-                          counts=state.counts.at[ids].set(new_counts, mode="drop"),
-                          last=state.last.at[ids].set(q, mode="drop"))
+                          counts=decayed.at[ids].add(soft, mode="drop"),
+                          last=propagated.at[ids].set(q, mode="drop"))
 
 
 def dps_mixed_probability(state: SelectionState, prompt_ids):
@@ -98,21 +107,34 @@ def dps_mixed_probability(state: SelectionState, prompt_ids):
     return jnp.einsum("ki,ki->k", state.last[prompt_ids], trans[:, :, MIXED])
 
 
+METHODS = ("none", "mopps", "dps")  # index = the traced method id of the *_by_id functions
+
+
 def selection_scores(state: SelectionState, prompt_ids, key, cfg: SelectionConfig):
     """Preference score of each candidate (higher is chosen first), float32 [K].
 
     none: a uniform random number (random order); mopps: -|gamma - 0.5| with gamma ~ Beta(alpha, beta)
     (Thompson sample); dps: the predicted probability of the mixed state.
     """
-    match cfg.method:
-        case "none":
-            return jax.random.uniform(key, prompt_ids.shape)
-        case "mopps":
-            gamma = jax.random.beta(key, state.alpha[prompt_ids], state.beta[prompt_ids])
-            return -jnp.abs(gamma - 0.5)
-        case "dps":
-            return dps_mixed_probability(state, prompt_ids)
-    raise ValueError(f"unknown selection method {cfg.method!r}")
+    if cfg.method not in METHODS:
+        raise ValueError(f"unknown selection method {cfg.method!r}")
+    return scores_by_id(state, prompt_ids, key, METHODS.index(cfg.method))
+
+
+def scores_by_id(state: SelectionState, prompt_ids, key, method):
+    """:func:`selection_scores` with the method as an index into :data:`METHODS` (may be traced)."""
+    def none():
+        return jax.random.uniform(key, prompt_ids.shape)
+
+    def mopps():
+        gamma = jax.random.beta(key, state.alpha[prompt_ids], state.beta[prompt_ids])
+        return -jnp.abs(gamma - 0.5)
+
+    def dps():
+        return dps_mixed_probability(state, prompt_ids).astype(jnp.float32)
+    if isinstance(method, int):
+        return (none, mopps, dps)[method]()
+    return jax.lax.switch(method, (none, mopps, dps))
 
 
 @functools.partial(jax.jit, static_argnames=("k_max", "cfg"))
@@ -124,15 +146,22 @@ def select_prompts(state: SelectionState, key, available, k, k_max: int, cfg: Se
     ``k_max`` >= k is the static output size (bucket it to limit recompiles). Returns (ids int32
     [k_max], ok bool [k_max]) best first; ok is False beyond k or where too few prompts were available.
     """
+    return select_by_id(state, key, available, k, k_max, cfg, METHODS.index(cfg.method))
+
+
+def select_by_id(state: SelectionState, key, available, k, k_max: int, cfg: SelectionConfig, method):
+    """:func:`select_prompts` with the method as an index into :data:`METHODS` (may be traced; then
+    the pool is sized for ``cfg.pool_ratio`` and used only in part by method none)."""
     num = available.shape[0]
-    ratio = 1 if cfg.method == "none" else cfg.pool_ratio
-    pool = min(ratio * k_max, num)
+    static_none = isinstance(method, int) and method == 0
+    pool = min((1 if static_none else cfg.pool_ratio) * k_max, num)
+    ratio = jnp.where(method == 0, 1, cfg.pool_ratio)
     k_pool, k_score = jax.random.split(key)
     # Gumbel top-k is sampling without replacement among the available prompts.
     gumbel = jax.random.gumbel(k_pool, (num,))
     pool_val, pool_ids = jax.lax.top_k(jnp.where(available, gumbel, -jnp.inf), pool)
     pool_ok = jnp.isfinite(pool_val) & (jnp.arange(pool) < ratio * k)
-    score = jnp.where(pool_ok, selection_scores(state, pool_ids, k_score, cfg), -jnp.inf)
+    score = jnp.where(pool_ok, scores_by_id(state, pool_ids, k_score, method), -jnp.inf)
     kk = min(k_max, pool)
     val, idx = jax.lax.top_k(score, kk)
     ids, ok = pool_ids[idx].astype(jnp.int32), jnp.isfinite(val) & (jnp.arange(kk) < k)
@@ -146,7 +175,11 @@ def select_prompts(state: SelectionState, key, available, k, k_max: int, cfg: Se
 def selection_prior(state: SelectionState, prompt_ids, cfg: SelectionConfig, prior_a: float, prior_b: float):
     """Beta prior SARA uses for ``prompt_ids``: the selection state's decayed Beta when a selection
     method is on (the "SARA+DPS" composition), else the fixed (prior_a, prior_b)."""
-    if cfg.method == "none":
-        shape = jnp.shape(prompt_ids)
-        return jnp.full(shape, prior_a, jnp.float32), jnp.full(shape, prior_b, jnp.float32)
-    return state.alpha[prompt_ids], state.beta[prompt_ids]
+    return prior_by_id(state, prompt_ids, METHODS.index(cfg.method), prior_a, prior_b)
+
+
+def prior_by_id(state: SelectionState, prompt_ids, method, prior_a, prior_b):
+    """:func:`selection_prior` with the method as an index into :data:`METHODS` (may be traced)."""
+    on = method != 0
+    return (jnp.where(on, state.alpha[prompt_ids], jnp.float32(prior_a)),
+            jnp.where(on, state.beta[prompt_ids], jnp.float32(prior_b)))

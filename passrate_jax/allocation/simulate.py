@@ -1,4 +1,4 @@
-"""Allocation simulator: every method side by side on a synthetic prompt population.
+"""Allocation simulator: every method side by side on a synthetic prompt population, as one pure function.
 
     passrate-jax simulate [--config FILE] [key=value ...] [--json] [--plot FILE.png]
     python -m passrate_jax.allocation.simulate [same arguments]
@@ -8,27 +8,42 @@ upward by ``sim.drift`` in logit units per step to mimic learning. Rollouts are 
 re-rollout from a prefix cut at ratio r of a successful trajectory succeeds with p + (1 - p) r^k, from
 a failed one with p (1 - r^k), k = ``sim.ps_response_power``. Every method reads the same uniform
 random numbers (rollout j of prompt i at step t uses the same draw under every method) and its
-allocator starts from the same PRNG key. Overrides ``sim.<field>=value`` set :class:`SimulatorConfig`;
-all others go to the run config (``allocation.*``, ``prefix_sampling.*``) that every method starts from.
+allocator starts from the same PRNG key.
+
+The step is the allocator's own round machine (:func:`passrate_jax.allocation.machine.run_step`) with
+Bernoulli draws in place of the sampler, so a simulated step is pure: the steps run under
+``jax.lax.scan``, the seeds (``sim.seeds``) under ``jax.vmap``, one compile per method, and
+:func:`sweep` vmaps a grid of thresholds and controller gains the same way. Overrides
+``sim.<field>=value`` set :class:`SimulatorConfig`; ``allocation.*`` and ``prefix_sampling.*`` set the
+baseline every method starts from.
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import dataclasses
+import functools
 import json
 import sys
+import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
-from passrate_jax.allocation.allocator import Allocator, Result
+from passrate_jax.allocation.allocator import Allocator
 from passrate_jax.allocation.config import AllocationConfig, PrefixSamplingConfig
-from passrate_jax.allocation.prefix_control import bucket_successes, num_buckets
-from passrate_jax.configlib import ConfigError, apply_overrides, build, option
+from passrate_jax.allocation.machine import run_step
+from passrate_jax.allocation.policies import Knobs
+from passrate_jax.allocation.prefix_control import bucket_successes
+from passrate_jax.allocation.table import ABANDONED, successes
+from passrate_jax.configlib import ConfigError, apply_overrides, build, option, read_preset, section
 
-DEFAULT_METHODS = ("uniform", "ds", "ds_ideal", "mopps", "dps", "sara", "sara+mopps", "sara+dps", "pilot_commit",
-                   "pilot_commit+dps", "uniform+ps", "ds+ps", "sara+ps", "sara+dps+ps", "pilot_commit+ps",
+BASES = ("uniform", "ds", "ds_ideal", "sara", "sara_fixed", "pilot_commit")
+DEFAULT_METHODS = ("uniform", "ds", "ds_ideal", "mopps", "dps", "sara", "sara+mopps", "sara+dps", "sara_fixed",
+                   "sara_fixed+mopps", "sara_fixed+dps", "pilot_commit", "pilot_commit+dps", "uniform+ps", "ds+ps",
+                   "sara+ps", "sara+dps+ps", "sara_fixed+ps", "sara_fixed+dps+ps", "pilot_commit+ps",
                    "pilot_commit+dps+ps")
 
 
@@ -43,7 +58,8 @@ class SimulatorConfig:
     drift: float = option(0.005, doc="upward drift of every prompt's logit success rate per step")
     ps_response_power: float = option(1.0, gt=0, doc="k in the prefix response r^k")
     warmup: int = option(50, ge=0, doc="steps excluded from the PS pass-rate statistics")
-    seed: int = option(0, ge=0)
+    seed: int = option(0, ge=0, doc="first seed")
+    seeds: int = option(5, ge=1, doc="seeds seed .. seed + seeds - 1, run side by side (vmapped)")
     methods: tuple[str, ...] = option(DEFAULT_METHODS, doc="names base[+mopps|+dps][+ps]")
 
     def validate(self) -> None:
@@ -55,20 +71,30 @@ class SimulatorConfig:
             method_configs(name, AllocationConfig(), PrefixSamplingConfig())
 
 
+@dataclasses.dataclass(frozen=True)
+class AllocationSettings:
+    """The part of a run config the simulator reads (a preset's other sections are ignored)."""
+    allocation: AllocationConfig = section(AllocationConfig)
+    prefix_sampling: PrefixSamplingConfig = section(PrefixSamplingConfig)
+
+
 def method_configs(name: str, base: AllocationConfig, ps: PrefixSamplingConfig):
-    """'sara+dps+ps' -> (AllocationConfig, PrefixSamplingConfig). The first part is uniform, ds,
-    ds_ideal, sara or pilot_commit (or directly mopps / dps, meaning uniform with that selection)."""
+    """'sara+dps+ps' -> (AllocationConfig, PrefixSamplingConfig). The first part is uniform, ds, ds_ideal,
+    sara (fill mode), sara_fixed (fixed-budget mode) or pilot_commit (or directly mopps / dps, meaning
+    uniform with that selection)."""
     parts = name.split("+")
     head, rest = parts[0], parts[1:]
     if head in ("mopps", "dps"):
         head, rest = "uniform", [head] + rest
-    if head not in ("uniform", "ds", "ds_ideal", "sara", "pilot_commit") or any(
-            r not in ("mopps", "dps", "ps") for r in rest) or len(set(rest)) != len(rest) or (
+    if head not in BASES or any(r not in ("mopps", "dps", "ps") for r in rest) or len(set(rest)) != len(rest) or (
             "mopps" in rest and "dps" in rest):
-        raise ConfigError(f"methods: {name!r} is not base[+mopps|+dps][+ps] with base in uniform, ds, "
-                          f"ds_ideal, sara, pilot_commit")
+        raise ConfigError(f"methods: {name!r} is not base[+mopps|+dps][+ps] with base in {', '.join(BASES)}")
     selection = next((r for r in rest if r != "ps"), "none")
-    cfg = dataclasses.replace(base, method="ds" if head == "ds_ideal" else head,
+    method = {"ds_ideal": "ds", "sara_fixed": "sara"}.get(head, head)
+    sara = base.sara
+    if head.startswith("sara"):
+        sara = dataclasses.replace(sara, mode="fixed_budget" if head == "sara_fixed" else "fill")
+    cfg = dataclasses.replace(base, method=method, sara=sara,
                               ds=dataclasses.replace(base.ds, keep_surplus=head == "ds_ideal"),
                               selection=dataclasses.replace(base.selection, method=selection))
     return cfg, dataclasses.replace(ps, enabled="ps" in rest)
@@ -83,145 +109,219 @@ def population(sim: SimulatorConfig, rng: np.random.Generator) -> np.ndarray:
 
 
 def survival(p, n: int):
-    """Probability that a group of n Bernoulli(p) rollouts is mixed (numpy, float64)."""
+    """Probability that a group of n Bernoulli(p) rollouts is mixed (numpy or jax)."""
     return 1 - p**n - (1 - p) ** n
 
 
+@dataclasses.dataclass(frozen=True)
 class World:
-    """The population and the shared random numbers: ``rates(t)`` and ``outcomes(t, request)``."""
-
-    def __init__(self, sim: SimulatorConfig, group_size: int):
-        rng = np.random.default_rng(sim.seed)
-        self.sim, self.n = sim, group_size
-        self.p0 = population(sim, rng)
-        self.logit0 = np.log(self.p0) - np.log1p(-self.p0)
-
-    def rates(self, t: int) -> np.ndarray:
-        return 1 / (1 + np.exp(-(self.logit0 + self.sim.drift * t)))
-
-    def draws(self, t: int) -> tuple[np.ndarray, np.ndarray]:
-        """Uniforms [P, N] for fresh rollouts and for re-rollouts of step t (same for every method)."""
-        rng = np.random.default_rng([self.sim.seed, t])
-        return rng.random((self.sim.num_prompts, self.n)), rng.random((self.sim.num_prompts, self.n))
-
-    def respond(self, p: float, prefix) -> float:
-        """Success rate of a continuation from a replayed prefix (monotone in the cut ratio)."""
-        g = prefix.cut_ratio ** self.sim.ps_response_power
-        return p + (1 - p) * g if prefix.success else p * (1 - g)
+    """Static description of the simulated world; the per-seed arrays are passed alongside."""
+    steps: int
+    drift: float
+    power: float
 
 
-def simulate_method(name: str, world: World, alloc: AllocationConfig, ps: PrefixSamplingConfig,
-                    draws: list, progress=None) -> dict:
-    """Run one method for ``sim.steps`` steps; returns its metrics (JSON-serialisable)."""
-    sim, n = world.sim, alloc.group_size
+def _outcomes(rates, fresh, replay, power):
+    """The Bernoulli sampler: rollout j of row g succeeds when its shared uniform draw is below the
+    row's success rate (the prefix response for a re-rollout group)."""
+    def outcomes(state, t):
+        p = rates[t.prompt]
+        g = t.cut ** power
+        p_replay = jnp.where(t.src_success, p + (1 - p) * g, p * (1 - g))
+        is_replay = t.bucket >= 0
+        rate = jnp.where(is_replay, p_replay, p)
+        u = jnp.where(is_replay[:, None], replay[t.prompt], fresh[t.prompt])
+        return (u < rate[:, None]).astype(jnp.int8), jnp.ones(t.prompt.shape, bool)
+    return outcomes
+
+
+def _step_metrics(t, state, rates):
+    """What one step did, as arrays (scan stacks them over steps)."""
+    n_full = t.rewards.shape[1]
+    s = successes(t)
+    trained = t.rank >= 0
+    valid = trained & (s > 0) & (s < t.n)
+    full = trained & (t.n == n_full)
+    abandoned = t.status == ABANDONED
+    return {"spent": t.spent, "trained": t.trained, "valid": jnp.sum(valid),
+            "useful": jnp.sum(jnp.where(valid, t.n, 0)),
+            "hist": jnp.sum(jax.nn.one_hot(s, n_full + 1) * full[:, None], axis=0),
+            "abandoned": jnp.sum(abandoned),
+            "abandoned_phi": jnp.sum(jnp.where(abandoned, survival(rates[t.prompt], n_full), 0.0)),
+            "replay_successes": t.replay_successes, "replay_rollouts": t.replay_rollouts,
+            "ratio": state.prefix_control.ratio}
+
+
+def simulation(setup, world: World):
+    """``run(knobs, logit0 [P], key, state) -> per-step metrics [T, ...]``: a whole simulated run of one
+    seed, pure (vmap it over seeds or knobs; jit it once per setup)."""
+    n, p = setup.N, setup.num_prompts
+
+    def run(knobs: Knobs, logit0, key, state):
+        def body(state, t):
+            rates = jax.nn.sigmoid(logit0 + world.drift * t)
+            k_fresh, k_replay = jax.random.split(jax.random.fold_in(key, t))
+            fresh, replay = jax.random.uniform(k_fresh, (p, n)), jax.random.uniform(k_replay, (p, n))
+            state, table = run_step(setup, knobs, state, _outcomes(rates, fresh, replay, world.power))
+            return state, _step_metrics(table, state, rates)
+
+        state, metrics = jax.lax.scan(body, state, jnp.arange(world.steps))
+        return {**metrics, "evicted": jnp.sum(state.evicted)}
+    return run
+
+
+def _seed_inputs(sim: SimulatorConfig, allocator: Allocator):
+    """Per-seed arrays stacked on a leading axis: initial logits, world keys, allocator states."""
+    seeds = range(sim.seed, sim.seed + sim.seeds)
+    p0 = np.stack([population(sim, np.random.default_rng(s)) for s in seeds])
+    logit0 = jnp.asarray(np.log(p0) - np.log1p(-p0), jnp.float32)
+    keys = jnp.stack([jax.random.PRNGKey(10_000 + s) for s in seeds])
+    states = jax.tree.map(lambda *xs: jnp.stack(xs), *[allocator.init(jax.random.PRNGKey(s)) for s in seeds])
+    return logit0, keys, states
+
+
+@functools.lru_cache(maxsize=None)
+def _runner(setup, world: World, grid_axes: int):
+    """The jitted run over seeds (and ``grid_axes`` leading knob axes); one per setup, so compositions
+    that differ only in their knobs share it (and its compile)."""
+    run = jax.vmap(simulation(setup, world), in_axes=(None, 0, 0, 0))
+    for _ in range(grid_axes):
+        run = jax.vmap(run, in_axes=(0, None, None, None))
+    return jax.jit(run)
+
+
+def prepare(name: str, sim: SimulatorConfig, alloc: AllocationConfig, ps: PrefixSamplingConfig,
+            knobs: Knobs | None = None):
+    """(jitted run, its arguments) for method ``name``; ``knobs`` (optional, with leading grid axes)
+    replaces the configs' thresholds and gains: a sweep."""
     cfg, pcfg = method_configs(name, alloc, ps)
     allocator = Allocator(cfg, pcfg, sim.num_prompts)
-    state = allocator.init(jax.random.PRNGKey(sim.seed))
-    spent = useful = valid = trained = 0
-    hist = np.zeros(n + 1)
-    abandoned_phi = []
-    k = num_buckets(n)
-    ps_rate = np.full((sim.steps, k), np.nan)
-    ps_succ, ps_roll = np.zeros(k), np.zeros(k)
-    ratio_trace = np.zeros((sim.steps, k))
-    for t in range(sim.steps):
-        rates = world.rates(t)
-        fresh, replay = draws[t]
-        run = allocator.start_step(state)
-        while requests := run.requests():
-            results = []
-            for r in requests:
-                idx = slice(r.first_index, r.first_index + r.num_rollouts)
-                if r.prefix is None:
-                    out = fresh[r.prompt_id, idx] < rates[r.prompt_id]
-                else:
-                    out = replay[r.prompt_id, idx] < world.respond(rates[r.prompt_id], r.prefix)
-                results.append(Result(r.group_key, tuple(int(x) for x in out)))
-            run.observe(results)
-        result, state = run.finish()
-        spent += result.rollouts_spent
-        for g in result.groups:
-            trained += 1
-            if g.valid:
-                valid += 1
-                useful += len(g.rewards)
-            if len(g.rewards) == n:
-                hist[sum(g.rewards)] += 1
-        abandoned_phi += [survival(rates[pid], n) for pid, _, _ in result.abandoned]
-        with np.errstate(invalid="ignore", divide="ignore"):
-            ps_rate[t] = result.replay_successes / result.replay_rollouts
-        if t >= sim.warmup:
-            ps_succ += result.replay_successes
-            ps_roll += result.replay_rollouts
-        ratio_trace[t] = np.asarray(state.prefix_control.ratio)
-        if progress is not None:
-            progress.update(1)
-    out = {
-        "rollouts_per_valid_group": spent / valid if valid else None,
-        "useful_rollout_fraction": useful / spent if spent else None,
+    grid_axes = 0 if knobs is None else jnp.ndim(knobs.tau_confirm)
+    run = _runner(allocator.setup, World(sim.steps, sim.drift, sim.ps_response_power), grid_axes)
+    return run, (allocator.knobs if knobs is None else knobs, *_seed_inputs(sim, allocator))
+
+
+def run_method(name: str, sim: SimulatorConfig, alloc: AllocationConfig, ps: PrefixSamplingConfig,
+               knobs: Knobs | None = None) -> dict:
+    """Per-step metrics of method ``name`` for every seed (numpy, leading axes [grid..., seeds, T])."""
+    run, args = prepare(name, sim, alloc, ps, knobs)
+    return jax.device_get(run(*args))
+
+
+def sweep_knobs(base: Knobs, **grids) -> Knobs:
+    """``base`` broadcast over a grid: each keyword (a Knobs field, or ``gains_<field>``) maps to an
+    array whose shape is the grid's (all the same shape); the other knobs keep their base value."""
+    shape = np.shape(next(iter(grids.values())))
+    gains = {k[len("gains_"):]: v for k, v in grids.items() if k.startswith("gains_")}
+    plain = {k: v for k, v in grids.items() if not k.startswith("gains_")}
+
+    def grow(x):
+        x = jnp.asarray(x)
+        return jnp.broadcast_to(x, shape + x.shape)
+    knobs = jax.tree.map(grow, base)
+    knobs = knobs.replace(**{k: jnp.asarray(v, getattr(base, k).dtype) for k, v in plain.items()})
+    return knobs.replace(gains=knobs.gains.replace(**{k: jnp.asarray(v, jnp.float32) for k, v in gains.items()}))
+
+
+def sweep(name: str, sim: SimulatorConfig, alloc: AllocationConfig, ps: PrefixSamplingConfig, knobs: Knobs):
+    """Rollouts per valid group and valid groups per step of method ``name`` for every setting of a
+    grid of ``knobs`` (see :func:`sweep_knobs`): (rpv, vgps), each [grid..., seeds]."""
+    m = run_method(name, sim, alloc, ps, knobs)
+    valid = m["valid"].sum(-1)
+    return m["spent"].sum(-1) / np.maximum(valid, 1), valid / sim.steps
+
+
+def summarise(m: dict, sim: SimulatorConfig, group_size: int, ps_on: bool) -> dict:
+    """Per-seed headline numbers, then their mean and sd over seeds."""
+    spent, valid, useful, trained = (m[k].sum(-1).astype(float) for k in ("spent", "valid", "useful", "trained"))
+    per_seed = {
+        "rollouts_per_valid_group": np.where(valid > 0, spent / np.maximum(valid, 1), np.nan),
+        "useful_rollout_fraction": useful / np.maximum(spent, 1),
         "valid_groups_per_step": valid / sim.steps,
         "trained_groups_per_step": trained / sim.steps,
         "rollouts_per_step": spent / sim.steps,
-        "abandoned_prompts": len(abandoned_phi),
-        "abandoned_informative_fraction": float(np.mean(abandoned_phi)) if abandoned_phi else None,
-        "pass_rate_histogram": (hist / max(hist.sum(), 1)).round(4).tolist(),
-        "evicted_prompts": int(np.asarray(state.evicted).sum()),
+        "abandoned_prompts": m["abandoned"].sum(-1).astype(float),
+        "abandoned_informative_fraction": np.where(m["abandoned"].sum(-1) > 0, m["abandoned_phi"].sum(-1)
+                                                   / np.maximum(m["abandoned"].sum(-1), 1), np.nan),
+        "evicted_prompts": m["evicted"].astype(float),
     }
-    if pcfg.enabled:
+    out = {}
+    for k, v in per_seed.items():
+        ok = ~np.isnan(v)
+        out[k] = float(v[ok].mean()) if ok.any() else None
+        out[k + "_sd"] = float(v[ok].std(ddof=1)) if ok.sum() > 1 else (0.0 if ok.any() else None)
+    hist = m["hist"].sum((0, 1))
+    out["pass_rate_histogram"] = (hist / max(hist.sum(), 1)).round(4).tolist()
+    if ps_on:
+        succ = m["replay_successes"][:, sim.warmup:].sum((0, 1))
+        roll = m["replay_rollouts"][:, sim.warmup:].sum((0, 1))
         with np.errstate(invalid="ignore", divide="ignore"):
-            after = ps_succ / ps_roll
+            after = succ / roll
+            rate = m["replay_successes"][0] / m["replay_rollouts"][0]
         out["ps"] = {
-            "bucket_successes": bucket_successes(n),
+            "bucket_successes": bucket_successes(group_size),
             "rerollout_pass_rate_after_warmup": [None if np.isnan(x) else round(float(x), 4) for x in after],
-            "rerollouts_after_warmup": ps_roll.astype(int).tolist(),
-            "final_ratio": ratio_trace[-1].round(3).tolist(),
-            "pass_rate_per_step": [[None if np.isnan(x) else round(float(x), 3) for x in row] for row in ps_rate],
+            "rerollouts_after_warmup": roll.astype(int).tolist(),
+            "final_ratio": m["ratio"][:, -1].mean(0).round(3).tolist(),
+            "pass_rate_per_step": [[None if np.isnan(x) else round(float(x), 3) for x in row] for row in rate],
         }
     return out
 
 
 def simulate(sim: SimulatorConfig, alloc: AllocationConfig, ps: PrefixSamplingConfig, progress: bool = True) -> dict:
-    """Run every method of ``sim.methods``; returns {"config": ..., "population": ..., "methods": {...}}."""
-    world = World(sim, alloc.group_size)
-    draws = [world.draws(t) for t in range(sim.steps)]
+    """Run every method of ``sim.methods`` over ``sim.seeds`` seeds; returns {"config", "population",
+    "methods": {name: metrics (means over seeds, sd as name_sd)}, "wall_s"}."""
+    start = time.perf_counter()
     bar = None
     if progress:
         from tqdm import tqdm
-        bar = tqdm(total=sim.steps * len(sim.methods), desc="simulate", unit="step", file=sys.stderr)
-    methods = {}
-    for name in sim.methods:
-        if bar is not None:
-            bar.set_postfix_str(name)
-        methods[name] = simulate_method(name, world, alloc, ps, draws, bar)
+        bar = tqdm(total=len(sim.methods), desc="simulate", unit="method", file=sys.stderr)
+    jobs = {name: prepare(name, sim, alloc, ps) for name in sim.methods}
+    # Compile each distinct runner once (compositions that differ only in knobs share one), then run
+    # every method; XLA compiles and runs without the GIL, so two threads use both cores.
+    runners = {id(run): (run, args) for run, args in jobs.values()}
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        compiled = dict(zip(runners, pool.map(lambda ra: ra[0].lower(*ra[1]).compile(), runners.values())))
+
+        def one(name):
+            run, args = jobs[name]
+            out = summarise(jax.device_get(compiled[id(run)](*args)), sim, alloc.group_size, "ps" in name.split("+"))
+            if bar is not None:
+                bar.update(1)
+            return out
+        methods = dict(zip(sim.methods, pool.map(one, sim.methods)))
     if bar is not None:
         bar.close()
     n = alloc.group_size
-    p0 = world.p0
+    p0 = np.stack([population(sim, np.random.default_rng(s)) for s in range(sim.seed, sim.seed + sim.seeds)])
+    p_end = 1 / (1 + np.exp(-(np.log(p0) - np.log1p(-p0) + sim.drift * (sim.steps - 1))))
     pop = {"mean_pass_rate": round(float(p0.mean()), 4),
            "uniform_saturated_fraction": round(float(1 - survival(p0, n).mean()), 4),
-           "uniform_saturated_fraction_final": round(float(1 - survival(world.rates(sim.steps - 1), n).mean()), 4)}
+           "uniform_saturated_fraction_final": round(float(1 - survival(p_end, n).mean()), 4)}
     ds = methods.get("ds", {}).get("rollouts_per_valid_group")
     for m in methods.values():
         m["vs_ds"] = round(m["rollouts_per_valid_group"] / ds, 4) if ds and m["rollouts_per_valid_group"] else None
-    return {"config": {"sim": dataclasses.asdict(sim), "num_prompts_per_step": alloc.num_prompts,
-                       "group_size": n}, "population": pop, "methods": methods}
+    return {"config": {"sim": dataclasses.asdict(sim), "num_prompts_per_step": alloc.num_prompts, "group_size": n},
+            "population": pop, "methods": methods, "wall_s": round(time.perf_counter() - start, 2)}
 
 
 def format_table(report: dict) -> str:
-    """A plain-text table of the headline metrics, one row per method."""
-    head = (f"{'method':<22}{'rollouts/valid':>15}{'x DS':>7}{'useful':>8}{'valid/step':>11}"
+    """A plain-text table of the headline metrics (mean +- sd over seeds), one row per method."""
+    head = (f"{'method':<22}{'rollouts/valid':>16}{'x DS':>7}{'useful':>16}{'valid/step':>15}"
             f"{'abandoned inf.':>15}  PS pass rate after warm-up")
     lines = [head, "-" * len(head)]
     fmt = lambda x, f: "-" if x is None else format(x, f)  # noqa: E731
+    pm = lambda m, k, f: "-" if m[k] is None else f"{m[k]:{f}} +- {m[k + '_sd']:{f}}"  # noqa: E731
     for name, m in report["methods"].items():
         ps = m.get("ps", {}).get("rerollout_pass_rate_after_warmup")
-        lines.append(f"{name:<22}{fmt(m['rollouts_per_valid_group'], '.2f'):>15}{fmt(m['vs_ds'], '.2f'):>7}"
-                     f"{fmt(m['useful_rollout_fraction'], '.3f'):>8}{m['valid_groups_per_step']:>11.2f}"
+        lines.append(f"{name:<22}{pm(m, 'rollouts_per_valid_group', '.2f'):>16}{fmt(m['vs_ds'], '.2f'):>7}"
+                     f"{pm(m, 'useful_rollout_fraction', '.3f'):>16}{pm(m, 'valid_groups_per_step', '.2f'):>15}"
                      f"{fmt(m['abandoned_informative_fraction'], '.3f'):>15}  "
                      + ("" if ps is None else " ".join(fmt(x, ".3f") for x in ps)))
-    pop = report["population"]
+    pop, sim = report["population"], report["config"]["sim"]
     lines.append(f"population: mean pass rate {pop['mean_pass_rate']}, uniform groups saturated "
                  f"{pop['uniform_saturated_fraction']} at step 0, {pop['uniform_saturated_fraction_final']} at the end")
+    lines.append(f"{sim['seeds']} seeds, {sim['steps']} steps, {sim['num_prompts']} prompts; wall {report['wall_s']} s")
     return "\n".join(lines)
 
 
@@ -245,10 +345,11 @@ def add_subparser(subparsers) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Run the simulator from parsed arguments; prints the table or JSON. Returns the exit code."""
-    from passrate_jax.config import load_config
     sim_over = [o[len("sim."):] for o in args.overrides if o.startswith("sim.")]
     try:
-        cfg = load_config(args.config, [o for o in args.overrides if not o.startswith("sim.")])
+        data = read_preset(args.config) if args.config else {}
+        data = {k: v for k, v in data.items() if k in ("allocation", "prefix_sampling")}
+        cfg = build(AllocationSettings, apply_overrides(data, [o for o in args.overrides if not o.startswith("sim.")]))
         sim = build(SimulatorConfig, apply_overrides({}, sim_over), prefix="sim.")
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)

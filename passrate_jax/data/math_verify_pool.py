@@ -28,6 +28,7 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import time
+import traceback
 from collections.abc import Callable, Iterable, Sequence
 
 log = logging.getLogger(__name__)
@@ -64,13 +65,16 @@ class WarningCounter:
         return {f"{prefix}{k}": self.counts[k] for k in sorted(kinds)}
 
 
-def _worker(conn, preload: tuple[str, ...]) -> None:
-    """A worker process: import ``preload``, say ready, then run ``(fn, args)`` calls until told to stop.
+def _worker(conn, preload: tuple[str, ...], setup: tuple | None = None) -> None:
+    """A worker process: import ``preload``, run ``setup`` (``(fn, args)``, e.g. import a reward plugin),
+    say ready, then run ``(fn, args)`` calls until told to stop.
 
-    Exceptions travel back as text: an exception object from arbitrary code may not pickle.
+    Exceptions travel back as text with their traceback: an exception object from arbitrary code may not pickle.
     """
     for name in preload:
         importlib.import_module(name)
+    if setup is not None:
+        setup[0](*setup[1])
     conn.send(("ready", os.getpid()))
     while True:
         message = conn.recv()
@@ -80,7 +84,7 @@ def _worker(conn, preload: tuple[str, ...]) -> None:
         try:
             reply = (True, fn(*args))
         except BaseException as e:  # noqa: BLE001 - any failure of verified code is a 0 reward, not a crash
-            reply = (False, f"{type(e).__name__}: {e}")
+            reply = (False, f"{type(e).__name__}: {e}", traceback.format_exc())
         try:
             conn.send(reply)
         except Exception as e:  # an unpicklable return value
@@ -90,9 +94,9 @@ def _worker(conn, preload: tuple[str, ...]) -> None:
 class _Slot:
     """One worker process and the call it is running: (index, deadline), or None when idle."""
 
-    def __init__(self, ctx, preload: tuple[str, ...]) -> None:
+    def __init__(self, ctx, preload: tuple[str, ...], setup: tuple | None = None) -> None:
         self.conn, child = ctx.Pipe()
-        self.process = ctx.Process(target=_worker, args=(child, preload), daemon=True)
+        self.process = ctx.Process(target=_worker, args=(child, preload, setup), daemon=True)
         self.process.start()
         child.close()
         self.ready = False
@@ -111,11 +115,12 @@ class VerifierPool:
     Workers start on the first :meth:`map` (so a pool no call needs costs nothing) and stay up between
     calls. A call is handed to an idle, started worker only, so its deadline (hand-over + ``timeout_s``)
     bounds its own run time, never a wait in a queue or a worker's start-up imports. A call past its
-    deadline has its worker killed and replaced; the other workers keep going.
+    deadline has its worker killed and replaced; the other workers keep going. ``setup = (fn, args)`` runs
+    in each worker at start-up, after the ``preload`` imports (importing a reward plugin, say).
     """
 
     def __init__(self, workers: int = 2, timeout_s: float = 5.0, counter: WarningCounter | None = None,
-                 preload: Sequence[str] = ()) -> None:
+                 preload: Sequence[str] = (), setup: tuple | None = None) -> None:
         if workers < 1:
             raise ValueError(f"workers = {workers}: must be >= 1")
         if not timeout_s > 0:
@@ -124,8 +129,12 @@ class VerifierPool:
         self.timeout_s = float(timeout_s)
         self.counter = counter if counter is not None else WarningCounter()
         self._preload = tuple(preload)
+        self._setup = setup
+        self._traceback_logged = False
         self._ctx = multiprocessing.get_context("spawn")
         self._slots: list[_Slot] = []
+        # Seconds from hand-over to result or kill of each call of the last map (NaN: never handed over).
+        self.call_seconds: list[float] = []
 
     def map(self, fn: Callable[..., float], calls: Iterable[tuple]) -> list[float]:
         """``[float(fn(*args)) for args in calls]`` run in the workers; a call that times out, raises,
@@ -133,9 +142,10 @@ class VerifierPool:
         warning. ``fn`` must be importable by name (a module-level function) for workers to load it."""
         calls = list(calls)
         results = [0.0] * len(calls)
+        self.call_seconds = [math.nan] * len(calls)
         todo = collections.deque(range(len(calls)))
         while len(self._slots) < self.workers:
-            self._slots.append(_Slot(self._ctx, self._preload))
+            self._slots.append(_Slot(self._ctx, self._preload, self._setup))
         while todo or any(s.call for s in self._slots):
             now = time.monotonic()
             for k, slot in enumerate(self._slots):
@@ -160,6 +170,7 @@ class VerifierPool:
             for k, slot in enumerate(self._slots):
                 if slot.call and slot.call[1] <= now:
                     i = slot.call[0]
+                    self._finished(slot)
                     self.counter.warn("timeout", f"{_name(fn)}{_short(calls[i])} ran over {self.timeout_s:g} s")
                     self._replace(k)
         return results
@@ -173,6 +184,7 @@ class VerifierPool:
                 raise RuntimeError(f"a verifier worker died while starting (exit code {slot.process.exitcode}, "
                                    f"preloading {self._preload}); see its error output above") from None
             if slot.call:
+                self._finished(slot)
                 self.counter.warn("error", f"{_name(fn)}{_short(calls[slot.call[0]])} killed its worker")
             self._replace(self._slots.index(slot))
             return
@@ -182,18 +194,26 @@ class VerifierPool:
         if slot.call is None:
             return
         i, _ = slot.call
+        self._finished(slot)
         slot.call = None
         results[i] = self._reward(fn, calls[i], *message)
+
+    def _finished(self, slot: _Slot) -> None:
+        i, deadline = slot.call
+        self.call_seconds[i] = time.monotonic() - (deadline - self.timeout_s)
 
     def _replace(self, k: int) -> None:
         """Kill worker ``k`` (with whatever call it was running) and start a fresh one in its place."""
         self._slots[k].kill()
-        self._slots[k] = _Slot(self._ctx, self._preload)
+        self._slots[k] = _Slot(self._ctx, self._preload, self._setup)
         self.counter.warn("restart", "a verifier worker was killed and replaced")
 
-    def _reward(self, fn, args, ok: bool, value) -> float:
+    def _reward(self, fn, args, ok: bool, value, trace: str = "") -> float:
         if not ok:
             self.counter.warn("error", f"{_name(fn)}{_short(args)} raised {value}")
+            if trace and not self._traceback_logged:  # the first in full, once: enough to find the bug
+                self._traceback_logged = True
+                log.warning("first verifier error of this pool (later ones are counted only):\n%s", trace)
             return 0.0
         try:
             reward = float(value)
@@ -248,6 +268,29 @@ def _latex(text: str) -> str:
     return text if "$" in text or "\\(" in text or "\\[" in text else f"${text}$"
 
 
+def _config():
+    from math_verify import LatexExtractionConfig
+    return [LatexExtractionConfig(try_extract_without_anchor=True)]
+
+
+_PARSED_REFERENCES: dict[str, list] = {}
+_MAX_PARSED_REFERENCES = 4096
+
+
+def _parse_reference(reference: str, timeout_s: int):
+    """A reference parsed once per worker: a group's answers share one, and parsing is most of a call.
+    Only successful parses are kept, so a parse cut short by the timeout is tried again next time."""
+    from math_verify import parse
+    if reference in _PARSED_REFERENCES:
+        return _PARSED_REFERENCES[reference]
+    gold = parse(_latex(reference), _config(), parsing_timeout=timeout_s)
+    if gold:
+        if len(_PARSED_REFERENCES) >= _MAX_PARSED_REFERENCES:
+            _PARSED_REFERENCES.clear()
+        _PARSED_REFERENCES[reference] = gold
+    return gold
+
+
 def math_equal(prediction: str, reference: str, timeout_s: int = 5) -> float:
     """1.0 iff math-verify finds ``prediction`` mathematically equal to ``reference`` (fractions,
     decimals, percentages, LaTeX, sets, equations ``x = 3`` against ``3``), else 0.0.
@@ -258,15 +301,14 @@ def math_equal(prediction: str, reference: str, timeout_s: int = 5) -> float:
     whose timeout also covers code a signal cannot interrupt. Raises only on internal failures, which
     the pool scores 0 and counts.
     """
-    from math_verify import LatexExtractionConfig, parse, verify
+    from math_verify import parse, verify
 
     if not isinstance(prediction, str) or not isinstance(reference, str):
         return 0.0
     if not prediction.strip() or len(prediction) > MAX_ANSWER_CHARS:
         return 0.0
-    config = [LatexExtractionConfig(try_extract_without_anchor=True)]
-    gold = parse(_latex(reference), config, parsing_timeout=timeout_s)
-    pred = parse(_latex(prediction), config, parsing_timeout=timeout_s)
+    gold = _parse_reference(reference, timeout_s)
+    pred = parse(_latex(prediction), _config(), parsing_timeout=timeout_s)
     if not gold or not pred:
         return 0.0
     return float(verify(gold, pred, timeout_seconds=timeout_s))

@@ -5,6 +5,7 @@
 - ``replay.py``: turn records, the assistant-turn cut, and rebuilding a prefix's state by re-execution.
 - ``episodes.py``: the sampler turn loop (one sampler call per assistant turn of every live rollout).
 - ``rollouts.py`` / ``loop.py``: the trajectory store, update batch and host step loop for env runs.
+- ``resolve_env``: ``data.env`` to an environment, built-in or the user's class (``passrate_jax/plugins.py``).
 - ``data.py``: the prompt source, the expert warm start and held-out evaluation of env runs.
 """
 
@@ -15,4 +16,20 @@ from passrate_jax.envs.files import FilesEnv
 # The built-in environments by the name ``data.env`` takes.
 ENVS: dict[str, Environment] = {"calculator": CalculatorEnv(), "files": FilesEnv()}
 
-__all__ = ["ENVS", "CalculatorEnv", "EnvTask", "Environment", "Episode", "FilesEnv", "StepOutcome", "Transition"]
+
+def resolve_env(name: str, field: str = "data.env") -> Environment:
+    """The environment ``data.env`` names: a built-in by name, or a user's class ``"path/file.py:ClassName"``
+    (``passrate_jax.plugins.load_environment``: imported and checked once, the same instance every time)."""
+    from passrate_jax.plugins import is_plugin_spec, load_environment
+
+    if is_plugin_spec(name):
+        return load_environment(name, field)
+    if name not in ENVS:
+        from passrate_jax.configlib import ConfigError
+        raise ConfigError(f"{field} = {name!r}: not a built-in environment ({', '.join(ENVS)}) nor "
+                          "'path/to/file.py:ClassName'")
+    return ENVS[name]
+
+
+__all__ = ["ENVS", "CalculatorEnv", "EnvTask", "Environment", "Episode", "FilesEnv", "StepOutcome", "Transition",
+           "resolve_env"]

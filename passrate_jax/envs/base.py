@@ -16,6 +16,9 @@ deterministic (``replay.py``). An action that does not parse, or cannot execute,
 
 The reward is a function of the final state only (``reward(task, state)``), read when the episode ends:
 by the environment (``done``), by the turn limit, or by the policy (end-of-sequence, context length).
+It may be a float (the update uses it as is; the allocator sees success = reward >= the run's
+``data.reward_threshold``). A ``reward`` that raises or returns a non-finite number costs that episode
+only: reward 0, flagged (``Episode.reward_error``, counted as a verifier error), the first traceback logged.
 """
 
 from __future__ import annotations
@@ -23,7 +26,10 @@ from __future__ import annotations
 import copy
 import dataclasses
 import hashlib
+import logging
+import math
 import random
+import traceback
 from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
 
@@ -31,6 +37,9 @@ SPLITS = ("train", "heldout")
 _ID_MASK = (1 << 63) - 1
 # Bounds the rejection loop of sample_task, so a level too narrow for a split fails loudly.
 _MAX_DRAWS = 20_000
+log = logging.getLogger(__name__)
+# Environments (by name) whose first failing reward was logged; later failures are only counted.
+_REWARD_FAILURE_LOGGED: set[str] = set()
 
 
 def stable_hash(text: str) -> int:
@@ -143,12 +152,13 @@ class Episode:
         self.turns = self.errors = 0
         self.done = False
         self.reward = 0.0
+        self.reward_error = False
 
     def reset(self) -> str:
         """Start over; returns the first observation (the task statement)."""
         self.state, observation = self.env.reset(self.task)
         self.turns = self.errors = 0
-        self.done, self.reward = False, 0.0
+        self.done, self.reward, self.reward_error = False, 0.0, False
         return observation
 
     def step(self, action: str) -> StepOutcome:
@@ -167,11 +177,30 @@ class Episode:
         return StepOutcome(t.observation, self.done, self.reward, bool(t.error), limited)
 
     def finish(self) -> float:
-        """End the episode now (turn limit, or the policy stopped); its reward is the state's."""
+        """End the episode now (turn limit, or the policy stopped); its reward is the state's (0 with
+        ``reward_error`` set when ``env.reward`` raised or gave no finite number)."""
         self.done = True
-        self.reward = float(self.env.reward(self.task, self.state))
+        self.reward, self.reward_error = _safe_reward(self.env, self.task, self.state)
         return self.reward
 
     def fork(self) -> Episode:
         """An independent copy at the same point (states are immutable, so a shallow copy suffices)."""
         return copy.copy(self)
+
+
+def _safe_reward(env: Environment, task: EnvTask, state: Any) -> tuple[float, bool]:
+    """(reward, failed): ``env.reward(task, state)`` as a float, or (0.0, True) when it raised or was not
+    a finite number; the first failure's traceback is logged."""
+    try:
+        reward = float(env.reward(task, state))
+        if math.isfinite(reward):
+            return reward, False
+        problem = f"returned {reward}"
+    except Exception:  # noqa: BLE001 - a broken reward costs its episode, never the run
+        problem = "raised:\n" + traceback.format_exc()
+    name = str(getattr(env, "name", env))
+    if name not in _REWARD_FAILURE_LOGGED:
+        _REWARD_FAILURE_LOGGED.add(name)
+        log.warning("environment %s: reward(task %d) %s (reward 0; further failures are only counted as "
+                    "verifier_errors)", name, task.task_id, problem)
+    return 0.0, True

@@ -1,5 +1,5 @@
 """What an environment run needs around the loop: its prompt source, the supervised warm start on expert
-trajectories, held-out evaluation by greedy episodes, and the trajectory store of a session.
+trajectories and held-out evaluation by greedy episodes.
 
 A task travels in a :class:`PromptRecord`: the prompt is its first observation and the metadata hold
 the whole task (``metadata["task"]``, JSON), so the rest of the trainer (allocator, selection, the
@@ -13,11 +13,10 @@ import dataclasses
 import numpy as np
 
 from passrate_jax.data.sources import PromptRecord, PromptSource
-from passrate_jax.envs import ENVS
+from passrate_jax.envs import resolve_env
 from passrate_jax.envs.base import Environment, EnvTask, Episode
 from passrate_jax.envs.episodes import Start, run_episodes
-from passrate_jax.envs.replay import Turn, TurnCodec
-from passrate_jax.envs.rollouts import EnvRolloutStore, trajectory_tokens
+from passrate_jax.envs.replay import Turn, TurnCodec, trajectory_tokens
 
 
 def task_record(task: EnvTask) -> PromptRecord:
@@ -34,18 +33,20 @@ def env_source(name: str, *, seed: int = 0, level: int | None = None, train_size
     """Environment ``name``'s tasks as a prompt source: like the built-in tasks, an endless train stream
     or with ``train_size`` > 0 a fixed pool; held-out: the first K tasks of the held-out split."""
     def get(i: int) -> PromptRecord:
-        return task_record(ENVS[name].sample(seed, "train", i, level, max_level))
+        return task_record(resolve_env(name).sample(seed, "train", i, level, max_level))
 
     def heldout(k: int) -> list[PromptRecord]:
-        return [task_record(ENVS[name].sample(seed, "heldout", i, level, max_level)) for i in range(k)]
+        return [task_record(resolve_env(name).sample(seed, "heldout", i, level, max_level)) for i in range(k)]
 
     return PromptSource(f"env:{name}", get, train_size or None, heldout, seed=seed, shuffle=shuffle,
                         default_heldout=default_heldout)
 
 
-def expert_trajectory(env: Environment, task: EnvTask, codec: TurnCodec, max_turns: int | None = None) -> list[Turn]:
+def expert_trajectory(env: Environment, task: EnvTask, codec: TurnCodec, max_turns: int | None = None,
+                      success_threshold: float = 0.5) -> list[Turn]:
     """The expert's turns, observations from executing them in ``env`` (so they are exactly what the
-    policy will see). ValueError when the expert does not solve the task within the turn limit."""
+    policy will see). ValueError when the expert does not solve the task (reward >= ``success_threshold``)
+    within the turn limit."""
     episode = Episode(env, task, max_turns)
     episode.reset()
     turns = []
@@ -56,7 +57,7 @@ def expert_trajectory(env: Environment, task: EnvTask, codec: TurnCodec, max_tur
                           outcome.error))
         if outcome.done:
             break
-    if not (episode.done and episode.reward == 1.0):
+    if not (episode.done and episode.reward >= success_threshold):
         raise ValueError(f"{env.name} task {task.prompt!r}: the expert solution does not solve it in "
                          f"{episode.max_turns} turns")
     return turns
@@ -73,7 +74,8 @@ def expert_batch(env: Environment, cfg, step: int, tokenizer) -> tuple[np.ndarra
     for i in range(ws.batch_size):
         task = env.sample(data.seed, "train", step * ws.batch_size + i, data.level or None, data.max_level)
         ids, mask = trajectory_tokens(fmt.encode(task.prompt, tokenizer), [],
-                                      expert_trajectory(env, task, codec, data.max_turns or None))
+                                      expert_trajectory(env, task, codec, data.max_turns or None,
+                                                        data.reward_threshold))
         rows.append(pack_example(ids, mask, ws.max_len, tokenizer.pad_id, task.prompt))
     return np.stack([r[0] for r in rows]), np.stack([r[1] for r in rows])
 
@@ -82,24 +84,28 @@ def warm_start(session, progress: bool = True) -> dict:
     """The session's supervised warm start on its environment's expert trajectories (cached)."""
     from passrate_jax.sft import run_warm_start
 
-    env = ENVS[session.cfg.data.env]
+    env = resolve_env(session.cfg.data.env)
     return run_warm_start(session.cfg, session.model, session.tokenizer, progress=progress, log=session.log,
-                          batches=lambda step: expert_batch(env, session.cfg, step, session.tokenizer))
+                          batches=lambda step: expert_batch(env, session.cfg, step, session.tokenizer),
+                          key=warm_start_key(session.cfg))
 
 
-def _limits(session) -> tuple[int, int, int]:
+def warm_start_key(cfg) -> dict:
+    """What besides the model and warm-start settings determines an environment's expert batches: the
+    cache key's ``extra`` (``passrate_jax.sft.cache_key``). A plugin environment enters by its file
+    content, so editing its code re-runs the warm start; a built-in one by its name."""
+    from passrate_jax.plugins import fingerprint
+
+    data = cfg.data
+    return dict(env=fingerprint(data.env), level=data.level, max_turns=data.max_turns, template=data.template,
+                data_seed=data.seed)
+
+
+def limits(session) -> tuple[int, int, int]:
     """(turn limit, tokens per turn, context length limit) of a session."""
-    env = ENVS[session.cfg.data.env]
+    env = resolve_env(session.cfg.data.env)
     return (session.cfg.data.max_turns or env.max_turns, session.cfg.sampling.max_new_tokens,
             session.sampler.model_cfg.max_position_embeddings)
-
-
-def make_store(session) -> EnvRolloutStore:
-    """The trajectory store of a session's training pool."""
-    tasks = [task_of(r) for r in session.prompts]
-    max_turns, _, max_len = _limits(session)
-    return EnvRolloutStore(ENVS[session.cfg.data.env], tasks.__getitem__, session.prompt_ids,
-                           TurnCodec(session.tokenizer), max_turns=max_turns, max_len=max_len)
 
 
 def evaluate(session, params, *, seed: int = 0, num_samples: int = 0, ks=(1,), batch_contexts: int = 64) -> dict:
@@ -108,8 +114,9 @@ def evaluate(session, params, *, seed: int = 0, num_samples: int = 0, ks=(1,), b
     ``passrate_jax.evaluate.evaluate``."""
     from passrate_jax.evaluate import summarise
 
-    env, codec = ENVS[session.cfg.data.env], TurnCodec(session.tokenizer)
-    max_turns, turn_tokens, max_len = _limits(session)
+    env, codec = resolve_env(session.cfg.data.env), TurnCodec(session.tokenizer)
+    threshold = session.cfg.data.reward_threshold
+    max_turns, turn_tokens, max_len = limits(session)
     tasks = [task_of(r) for r in session.heldout]
     if not tasks:
         return {"accuracy": float("nan"), "accuracy_by_level": {}}
@@ -126,7 +133,7 @@ def evaluate(session, params, *, seed: int = 0, num_samples: int = 0, ks=(1,), b
             rollouts = run_episodes(session.sampler, params, starts, codec, seed=seed_, turn_tokens=turn_tokens,
                                     max_len=max_len, cfg=cfg)
             for j, r in enumerate(rollouts):
-                out[lo + j // n] += r.reward >= 0.5
+                out[lo + j // n] += r.reward >= threshold
         return out
 
     correct = successes(1, dataclasses.replace(session.sampler.cfg, temperature=0.0), seed)

@@ -72,6 +72,23 @@ class TurnCodec:
         return self.tokenizer.encode(lead + text + "\n")
 
 
+def turn_ids(turns: Sequence[Turn]) -> list[int]:
+    """The context ids of ``turns``: each action followed by its observation."""
+    return [i for t in turns for i in t.action + t.observation]
+
+
+def trajectory_tokens(prompt_ids: Sequence[int], prefix: Sequence[Turn],
+                      turns: Sequence[Turn]) -> tuple[list[int], list[int]]:
+    """A trajectory's token ids and loss mask: 1 exactly on the generated actions' tokens; the prompt,
+    the replayed turns (actions included) and all observations are 0."""
+    ids = list(prompt_ids) + turn_ids(prefix)
+    mask = [0] * len(ids)
+    for t in turns:
+        ids += t.action + t.observation
+        mask += [1] * len(t.action) + [0] * len(t.observation)
+    return ids, mask
+
+
 def cut_turns(num_turns: int, ratio: float) -> int:
     """Turns of a T-turn source trajectory that a replay keeps: floor(ratio * T), at least 1 and at most
     T - 1 (a prefix never holds the final action); 0 when T < 2 (nothing can be replayed)."""

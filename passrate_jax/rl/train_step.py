@@ -45,13 +45,18 @@ class UpdateFns(NamedTuple):
     init: ``params -> opt_state`` placed on ``opt_shardings`` (of the LoRA adapters alone when the
       parameters hold adapters: then only they train).
     step: ``(params, opt_state, batch, rng) -> (params, opt_state, metrics)``; params and opt_state
-      are donated; ``metrics`` is a dict of float32 scalars named by :data:`METRIC_NAMES`.
+      are donated; ``metrics`` is a dict of float32 scalars named by :data:`METRIC_NAMES`. With LoRA
+      adapters only the adapters and opt_state are donated and the frozen base weights come back as the
+      very same arrays, so a KL reference sharing them (``model.reference_params``) stays valid.
+    compiled: the one jitted program behind ``step`` (for ``.lower`` and compile counts); with LoRA it
+      returns the new adapters instead of the whole parameter state.
 
     Place the first params with ``jax.device_put(params, fns.param_shardings)`` (step outputs already
     are): an array without a mesh in its type traces differently and would cost a second compile.
     """
     init: Callable
     step: Callable
+    compiled: Any
     param_shardings: Any
     opt_shardings: Any
     batch_sharding: NamedSharding
@@ -171,7 +176,6 @@ def make_train_step(graphdef: nnx.GraphDef, params, cfg: RLConfig, optimizer: op
         keys = jax.random.split(rng, cfg.ppo_epochs)
         t, frozen = split(p)
         (t, o), per_update = jax.lax.scan(lambda c, k: epoch(c, k, batch, frozen), (t, o), keys)
-        p = join(t, frozen)
         # Metrics describe the updates that were applied; NaN when every update was skipped.
         applied = per_update["applied"]
         n_applied = applied.sum()
@@ -190,10 +194,18 @@ def make_train_step(graphdef: nnx.GraphDef, params, cfg: RLConfig, optimizer: op
             "total_skipped_steps": total_skipped.astype(jnp.float32),
             "updates": jnp.asarray(cfg.ppo_epochs * cfg.minibatches, jnp.float32),
         }
-        return p, o, metrics
+        return t, o, metrics
 
+    # Returning the frozen base from the jitted program would copy it (jit does not forward an input
+    # buffer to an output), and donating it would delete the arrays a KL reference shares: with LoRA
+    # the program returns the adapters alone and the base is joined back outside, untouched.
     step_jit = jax.jit(step, in_shardings=(p_shard, o_shard, b_shard, rep),
-                       out_shardings=(p_shard, o_shard, rep), donate_argnums=(0, 1))
+                       out_shardings=(t_shard, o_shard, rep), donate_argnums=(1,) if lora else (0, 1))
+
+    def step_fn(p, o, batch: TrainBatch, rng):
+        t, o, metrics = step_jit(p, o, batch, rng)
+        return join(t, split(p)[1]), o, metrics
+
     init_jit = jax.jit(lambda p: optimizer.init(split(p)[0]), in_shardings=(p_shard,), out_shardings=o_shard)
-    return UpdateFns(init=init_jit, step=step_jit, param_shardings=p_shard, opt_shardings=o_shard,
-                     batch_sharding=b_shard)
+    return UpdateFns(init=init_jit, step=step_fn if lora else step_jit, compiled=step_jit, param_shardings=p_shard,
+                     opt_shardings=o_shard, batch_sharding=b_shard)

@@ -1,0 +1,164 @@
+"""The round machine: one allocation step as pure functions of (allocator state, step table).
+
+    state, t = begin_step(setup, knobs, state)
+    while not t.done:
+        state, t = plan_round(setup, knobs, state, t)       # rows with chunk > 0 are the requests
+        rewards, observed = <generate and score them>       # the host's sampler, or the simulator's draws
+        state, t = observe_round(setup, knobs, state, t, rewards, observed)
+    state, t = finish_step(setup, knobs, state, t)           # rows with rank >= 0 are trained, in rank order
+
+``setup`` (static) names the composition and its policy; ``knobs`` (arrays) holds the thresholds and
+gains a sweep varies. The machine owns what every method shares: Prefix Sampling's re-rollout groups
+(round 0), recording outcomes, completing groups to N, and the end-of-step updates of the selection
+models, queues and PS controllers. The method's own choices are its policy's (:mod:`.policies`).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from passrate_jax.allocation.group_queue import queue_expire, queue_push
+from passrate_jax.allocation.policies import Knobs, Setup, budget_left
+from passrate_jax.allocation.prefix_control import plan_replays, prefix_control_update
+from passrate_jax.allocation.selection import selection_update
+from passrate_jax.allocation.table import (BUFFERED, CONFIRMED, DROPPED, FREE, REJECTED, TRAINED, StepTable, afford,
+                                           pending, split_rng, successes, table_init, take_rows)
+
+
+def begin_step(setup: Setup, knobs: Knobs, state):
+    """A fresh table for the step; ideal DS's surplus from the last step is trained first."""
+    rng, step_rng = jax.random.split(state.key)
+    state = state.replace(key=rng)
+    t = table_init(setup.capacity, setup.N, setup.num_buckets, state.next_group_key, state.evicted, step_rng)
+    q = state.surplus  # empty unless the method is ideal DS
+    k = jnp.where(knobs.keep_surplus, setup.B, 0)
+    t, q, _, _ = take_rows(t, q, k, q.stamp.astype(jnp.float32), CONFIRMED, lambda n: 0 * n, carried=True)
+    t = _complete(setup, t, pending(t) & t.carried)
+    return state.replace(surplus=q), t
+
+
+def plan_round(setup: Setup, knobs: Knobs, state, t: StepTable):
+    """Plan the next round: PS re-rollout groups in round 0, then the policy's requests. Sets ``done``
+    when there is nothing to request (B groups trained, round limit, budget, no prompts left)."""
+    go = ~t.done & (t.trained < setup.B) & (t.rounds < setup.policy.max_rounds(setup))
+    state, t = _open_replays(setup, knobs, state, t,
+                             jnp.where(knobs.ps_on & go & (t.rounds == 0), setup.replay_slots, 0))
+    planned_state, planned = setup.policy.plan(setup, knobs, state, t)
+    # Within a step a policy changes only the queues and the table; selecting just those keeps the
+    # (large, per-prompt) selection models out of every round's copies.
+    queues = lambda st: (st.pilot_buffer, st.replay_queue, st.surplus)  # noqa: E731
+    (buf, replay, surplus), t = jax.tree.map(lambda a, b: jnp.where(go, a, b), (queues(planned_state), planned),
+                                             (queues(state), t))
+    state = state.replace(pilot_buffer=buf, replay_queue=replay, surplus=surplus)
+    chunk = jnp.where(go & pending(t), t.chunk, 0)
+    asked = jnp.sum(chunk).astype(jnp.int32)
+    return state, t.replace(chunk=chunk, spent=t.spent + asked, rounds=t.rounds + (asked > 0),
+                            done=t.done | (asked == 0))
+
+
+def _open_replays(setup: Setup, knobs: Knobs, state, t: StepTable, k):
+    """Open up to ``k`` re-rollout groups from last step's skewed groups, in random order."""
+    k = jnp.minimum(k, afford(budget_left(knobs, t), setup.N))
+    q = state.replay_queue
+    t, use = split_rng(t)
+    prio = jax.random.uniform(use, (q.capacity,))
+    ratio = state.prefix_control.ratio
+    bucket, src = q.tag, q.aux
+    success = jnp.take_along_axis(q.rewards, src[:, None], axis=1)[:, 0] == 1
+    zero = jnp.zeros_like(q.n)
+    t, q, _, _ = take_rows(t, q, k, prio, CONFIRMED, lambda n: jnp.full_like(n, setup.N), key=None, n=zero,
+                           rewards=jnp.zeros_like(q.rewards), bucket=bucket, src_key=q.group_key, src_index=src,
+                           cut=ratio[bucket], src_success=success)
+    return state.replace(replay_queue=q), t
+
+
+def observe_round(setup: Setup, knobs: Knobs, state, t: StepTable, rewards, observed):
+    """Record the round's outcomes and decide.
+
+    rewards: int [G, N], the outcome of rollout j of row g at [g, j] (only the requested positions
+    n .. n + chunk - 1 are read). observed: bool [G]; False marks a row whose outcomes are not an
+    observation (an environment replay that failed its determinism check): its rollouts stay spent,
+    the row is REJECTED, and nothing (policy, selection, controllers, training) learns from it.
+    """
+    asked = t.chunk > 0
+    pos = jnp.arange(setup.N)[None, :]
+    new = (pos >= t.n[:, None]) & (pos < (t.n + t.chunk)[:, None])
+    rejected = asked & ~observed
+    fresh = asked & ~rejected
+    got = jnp.sum(jnp.where(new, rewards, 0), axis=1)
+    is_replay = fresh & (t.bucket >= 0)
+    drop = setup.num_buckets
+    t = t.replace(rewards=jnp.where(new, rewards, t.rewards).astype(jnp.int8), n=t.n + t.chunk,
+                  chunk=jnp.zeros_like(t.chunk), status=jnp.where(rejected, REJECTED, t.status),
+                  replay_successes=t.replay_successes.at[jnp.where(is_replay, t.bucket, drop)].add(
+                      got.astype(jnp.float32), mode="drop"),
+                  replay_rollouts=t.replay_rollouts.at[jnp.where(is_replay, t.bucket, drop)].add(
+                      jnp.sum(new, axis=1).astype(jnp.float32), mode="drop"))
+    completed = fresh & pending(t) & (t.n >= setup.N)
+    t = _complete(setup, t, completed)
+    state, t = setup.policy.decide(setup, knobs, state, t, fresh & ~completed, completed)
+    return state, t
+
+
+def _complete(setup: Setup, t: StepTable, rows):
+    """Rows that reached N rollouts: trained (in row order) while fewer than B are, if valid or the
+    method trains saturated groups; dropped otherwise."""
+    s = successes(t)
+    keep = rows & (((s > 0) & (s < t.n)) | setup.policy.trains_saturated)
+    rank = t.trained + jnp.cumsum(keep) - 1
+    train = keep & (rank < setup.B)
+    status = jnp.where(train, TRAINED, jnp.where(rows, DROPPED, t.status))
+    return t.replace(status=status, rank=jnp.where(train, rank, t.rank),
+                     trained=t.trained + jnp.sum(train).astype(jnp.int32))
+
+
+def finish_step(setup: Setup, knobs: Knobs, state, t: StepTable):
+    """Fold the step into the persistent state: one selection observation per observed prompt (a
+    committed pilot's full N outcomes as one), expiry of the queues, the PS controllers, next step's
+    replay sources. Returns (state, table)."""
+    now = state.step
+    s = successes(t)
+    # Kept pilots are observed when committed (as one group of N) or, if never committed, when they
+    # expire: a pilot is committable for exactly buffer_max_age steps after its own.
+    buf, expired = queue_expire(state.pilot_buffer, now + 1, setup.cfg.pilot_commit.buffer_max_age)
+    seen = ((t.bucket < 0) & ~t.carried & (t.n > 0) & (t.status != FREE) & (t.status != REJECTED)
+            & (t.status != BUFFERED))
+    selection = selection_update(state.selection, jnp.concatenate([t.prompt, buf.prompt_id]),
+                                 jnp.concatenate([t.n, buf.n]), jnp.concatenate([s, buf.s]),
+                                 jnp.concatenate([seen, expired]), setup.cfg.selection, setup.N)
+    replay_queue, _ = queue_expire(state.replay_queue, now, 0)
+    surplus, _ = queue_expire(state.surplus, now, 0)
+    control = prefix_control_update(state.prefix_control, t.replay_successes, t.replay_rollouts, setup.ps,
+                                    knobs.gains)
+    control = jax.tree.map(lambda new, old: jnp.where(knobs.ps_on, new, old), control, state.prefix_control)
+    t, use = split_rng(t)
+    sources = knobs.ps_on & (t.status == TRAINED) & (t.bucket < 0) & (t.n == setup.N)
+    eligible, bucket, src = plan_replays(use, t.rewards.astype(jnp.int32), setup.ps)
+    replay_queue = queue_push(replay_queue, t.prompt, t.key, t.n, s, t.rewards, bucket, src, now, sources & eligible)
+    state = state.replace(step=now + 1, next_group_key=t.key_base + t.capacity, evicted=t.evicted,
+                          selection=selection, pilot_buffer=buf, replay_queue=replay_queue, surplus=surplus,
+                          prefix_control=control)
+    return state, t
+
+
+def run_step(setup: Setup, knobs: Knobs, state, outcomes):
+    """A whole step with ``outcomes(state, t) -> (rewards int [G, N], observed bool [G])`` standing in
+    for the sampler and verifier (pure when ``outcomes`` is): the simulator's step."""
+    state, t = begin_step(setup, knobs, state)
+    # Rounds change only the queues and the table: only they are loop-carried, the rest of the state
+    # (selection models, controllers) is a loop constant.
+    with_queues = lambda qs: state.replace(pilot_buffer=qs[0], replay_queue=qs[1], surplus=qs[2])  # noqa: E731
+
+    def body(carry):
+        queues, t = carry
+        st, t = plan_round(setup, knobs, with_queues(queues), t)
+        rewards, observed = outcomes(st, t)
+        st, t = observe_round(setup, knobs, st, t, rewards, observed)
+        return (st.pilot_buffer, st.replay_queue, st.surplus), t
+
+    queues, t = jax.lax.while_loop(lambda c: ~c[1].done, body,
+                                   ((state.pilot_buffer, state.replay_queue, state.surplus), t))
+    return finish_step(setup, knobs, with_queues(queues), t)
+
+

@@ -1,0 +1,273 @@
+"""One small policy per allocation method, behind one protocol the round machine drives.
+
+A policy says how a round is planned (which groups are opened or continued, how many rollouts each
+requests) and what is decided about the groups whose outcomes just came in. Everything else (Prefix
+Sampling replays, recording outcomes, completing groups to N, the end-of-step updates) is shared and
+lives in :mod:`.machine`. Policies are stateless, hashable objects: the machine takes them as static
+arguments, so each method compiles once and never tests a method name inside a round.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Protocol
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from passrate_jax.allocation import pilot_commit as pc
+from passrate_jax.allocation.config import AllocationConfig, PrefixSamplingConfig
+from passrate_jax.allocation.group_queue import pilot_priority, queue_push
+from passrate_jax.allocation.prefix_control import ControllerGains, controller_gains, num_buckets
+from passrate_jax.allocation.sara import ABANDON, CONFIRM, sara_rule
+from passrate_jax.allocation.selection import METHODS
+from passrate_jax.allocation.table import (ABANDONED, ACTIVE, BUFFERED, CONFIRMED, DROPPED, StepTable, afford,
+                                           open_fresh, pending, successes, take_rows)
+
+UNBOUNDED = 1 << 30  # a rollout budget no step reaches (int32-safe)
+
+
+@struct.dataclass
+class Knobs:
+    """The tunable numbers a sweep varies, as arrays (so ``jax.vmap`` runs many settings at once).
+
+    tau_confirm, tau_abandon: SARA thresholds, float32 scalars. schedule: SARA probe sizes, int32 [L].
+    gains: the Prefix Sampling controller's target, deadzone, step and EMA decay.
+    The composition's switches are knobs too, so compositions that share a policy share one compile:
+    selection: int32, index into ``selection.METHODS``; ps_on: bool, Prefix Sampling on; budget: int32,
+    rollouts a step may request (SARA's fill and fixed-budget modes differ only here); keep_surplus:
+    bool, ideal DS.
+    """
+    tau_confirm: jax.Array
+    tau_abandon: jax.Array
+    schedule: jax.Array
+    gains: ControllerGains
+    selection: jax.Array
+    ps_on: jax.Array
+    budget: jax.Array
+    keep_surplus: jax.Array
+
+
+def knobs_from_config(cfg: AllocationConfig, ps: PrefixSamplingConfig) -> Knobs:
+    """The knobs the configs set."""
+    policy = POLICIES[cfg.method]
+    budget = cfg.budget if cfg.budget is not None else policy.default_budget(cfg)
+    return Knobs(tau_confirm=jnp.float32(cfg.sara.tau_confirm), tau_abandon=jnp.float32(cfg.sara.tau_abandon),
+                 schedule=jnp.asarray(cfg.sara.round_schedule, jnp.int32), gains=controller_gains(ps),
+                 selection=jnp.int32(METHODS.index(cfg.selection.method)), ps_on=jnp.asarray(ps.enabled),
+                 budget=jnp.int32(min(budget, UNBOUNDED)), keep_surplus=jnp.asarray(cfg.ds.keep_surplus))
+
+
+@dataclasses.dataclass(frozen=True)
+class Setup:
+    """Static description of a family of compositions: the method's policy, its configs with the
+    fields that :class:`Knobs` carry normalised away (selection method, PS on/off, SARA mode, ideal DS,
+    budget: never read them here), the dataset size, and the largest budget a member may have."""
+    cfg: AllocationConfig
+    ps: PrefixSamplingConfig
+    num_prompts: int
+    policy: Policy
+    max_budget: int
+
+    @property
+    def B(self) -> int:  # noqa: N802
+        return self.cfg.num_prompts
+
+    @property
+    def N(self) -> int:  # noqa: N802
+        return self.cfg.group_size
+
+    @property
+    def replay_slots(self) -> int:
+        """Re-rollout groups a step may open when Prefix Sampling is on."""
+        return int(self.ps.max_replay_share * self.B)
+
+    @property
+    def num_buckets(self) -> int:
+        return num_buckets(self.N)
+
+    @property
+    def capacity(self) -> int:
+        """Table rows: the most groups one step can open."""
+        return self.policy.capacity(self) + self.replay_slots
+
+
+class Policy(Protocol):
+    """One allocation method. ``plan`` sets ``chunk`` > 0 on the rows to request this round (opening
+    rows as needed); ``decide`` updates rows just observed that are still unfinished (``fresh``, bool
+    [G]) and rows that just completed (``completed``). Both are pure; the machine jits them."""
+    trains_saturated: bool
+
+    def default_budget(self, cfg: AllocationConfig) -> int: ...
+    def capacity(self, setup: Setup) -> int: ...
+    def max_rounds(self, setup: Setup) -> int: ...
+    def plan(self, setup: Setup, knobs: Knobs, state, t: StepTable) -> tuple: ...
+    def decide(self, setup: Setup, knobs: Knobs, state, t: StepTable, fresh, completed) -> tuple: ...
+
+
+def budget_left(knobs: Knobs, t: StepTable):
+    """Rollouts still free this step after what is already spent and requested."""
+    return knobs.budget - t.spent - jnp.sum(t.chunk)
+
+
+def slots(setup: Setup, t: StepTable):
+    """Groups the step still lacks: B minus those trained and those in progress."""
+    return setup.B - t.trained - jnp.sum(pending(t)).astype(jnp.int32)
+
+
+def _no_decision(setup, knobs, state, t, fresh, completed):
+    return state, t
+
+
+@dataclasses.dataclass(frozen=True)
+class Uniform:
+    """GRPO: B fresh prompts, N rollouts each, every group trained (saturated ones too)."""
+    trains_saturated: bool = True
+
+    def default_budget(self, cfg):
+        return cfg.num_prompts * cfg.group_size
+
+    def capacity(self, setup):
+        return setup.B
+
+    def max_rounds(self, setup):
+        return 1
+
+    def plan(self, setup, knobs, state, t):
+        k = jnp.minimum(slots(setup, t), afford(budget_left(knobs, t), setup.N))
+        t = open_fresh(t, state.selection, state.pilot_buffer, setup.cfg, knobs.selection, k, setup.B, CONFIRMED,
+                       setup.N)
+        return state, t
+
+    decide = staticmethod(_no_decision)
+
+
+@dataclasses.dataclass(frozen=True)
+class DynamicSampling:
+    """DAPO dynamic sampling: generation batches of gen_batch_multiple * B full groups until B are valid.
+    With ``keep_surplus`` (ideal DS) valid groups beyond B wait in the surplus queue for the next step."""
+    trains_saturated: bool = False
+
+    def default_budget(self, cfg):
+        return UNBOUNDED
+
+    def capacity(self, setup):
+        ds = setup.cfg.ds
+        return ds.gen_batch_multiple * setup.B * ds.max_gen_batches + setup.B
+
+    def max_rounds(self, setup):
+        return setup.cfg.ds.max_gen_batches
+
+    def plan(self, setup, knobs, state, t):
+        # DAPO's reference code draws a full generation batch whatever is still missing.
+        width = setup.cfg.ds.gen_batch_multiple * setup.B
+        k = jnp.minimum(width, afford(budget_left(knobs, t), setup.N))
+        t = open_fresh(t, state.selection, state.pilot_buffer, setup.cfg, knobs.selection, k, width, CONFIRMED, setup.N)
+        return state, t
+
+    def decide(self, setup, knobs, state, t, fresh, completed):
+        s = successes(t)
+        extra = knobs.keep_surplus & completed & (t.status == DROPPED) & (s > 0) & (s < t.n)
+        zero = jnp.zeros_like(t.n)
+        surplus = queue_push(state.surplus, t.prompt, t.key, t.n, s, t.rewards, zero, zero, state.step, extra)
+        return state.replace(surplus=surplus), t
+
+
+@dataclasses.dataclass(frozen=True)
+class Sara:
+    """SARA: probe fresh prompts in rounds; confirm, abandon or continue each after every round; a
+    confirmed group is completed to N. Fill mode opens prompts until B confirmed groups are complete
+    (within a cap equal to DS's worst case); fixed-budget mode spends at most B * N rollouts a step.
+    Either way a prompt is opened only while the budget can still complete it and every pending group."""
+    trains_saturated: bool = False
+
+    def default_budget(self, cfg):
+        full = cfg.num_prompts * cfg.group_size
+        if cfg.sara.mode == "fixed_budget":
+            return full
+        return cfg.ds.gen_batch_multiple * cfg.ds.max_gen_batches * full
+
+    def capacity(self, setup):
+        first = max(min(setup.cfg.sara.round_schedule[0], setup.N), 1)
+        by_rounds = setup.B * setup.cfg.sara.max_rounds
+        return min(setup.num_prompts, setup.max_budget // first, by_rounds)
+
+    def max_rounds(self, setup):
+        return setup.cfg.sara.max_rounds
+
+    def plan(self, setup, knobs, state, t):
+        own = pending(t) & (t.bucket < 0)
+        future = jnp.sum(jnp.where(own, setup.N - t.n - t.chunk, 0))
+        k = jnp.minimum(slots(setup, t), afford(budget_left(knobs, t) - future, setup.N))
+        first = jnp.clip(knobs.schedule[0], 1, setup.N)
+        t = open_fresh(t, state.selection, state.pilot_buffer, setup.cfg, knobs.selection, k, setup.B, ACTIVE, first)
+        return state, t
+
+    def decide(self, setup, knobs, state, t, fresh, completed):
+        rows = fresh & (t.status == ACTIVE)
+        probes = t.probes + rows
+        action, _, chunk = sara_rule(t.n, successes(t), probes, t.prior_a, t.prior_b, knobs.tau_confirm,
+                                     knobs.tau_abandon, knobs.schedule, setup.N)
+        status = jnp.where(action == CONFIRM, CONFIRMED, jnp.where(action == ABANDON, ABANDONED, ACTIVE))
+        return state, t.replace(probes=probes, status=jnp.where(rows, status, t.status),
+                                chunk=jnp.where(rows, chunk, t.chunk))
+
+
+@dataclasses.dataclass(frozen=True)
+class PilotCommit:
+    """Pilot-Commit: pilot pilot_pool_ratio prompts per missing group with n_p rollouts, keep those in the
+    pass-rate band in a buffer, commit the best buffered pilots (n_c = N - n_p more rollouts)."""
+    trains_saturated: bool = False
+
+    def default_budget(self, cfg):
+        return UNBOUNDED
+
+    def capacity(self, setup):
+        pcfg = setup.cfg.pilot_commit
+        return pcfg.max_rounds * (pcfg.pilot_pool_ratio + 1) * setup.B
+
+    def max_rounds(self, setup):
+        return setup.cfg.pilot_commit.max_rounds
+
+    def plan(self, setup, knobs, state, t):
+        pcfg, n = setup.cfg.pilot_commit, setup.N
+        n_p = pc.pilot_size(pcfg, n)
+        want = slots(setup, t)
+        buf = state.pilot_buffer
+        k_commit = jnp.minimum(want, afford(budget_left(knobs, t), n - n_p))
+        t, buf, _, ok = take_rows(t, buf, k_commit, pilot_priority(buf), CONFIRMED, lambda held: n - held)
+        shortfall = want - jnp.sum(ok).astype(jnp.int32)
+        k_pilot = jnp.minimum(pcfg.pilot_pool_ratio * shortfall, afford(budget_left(knobs, t), n_p))
+        t = open_fresh(t, state.selection, buf, setup.cfg, knobs.selection, k_pilot, pcfg.pilot_pool_ratio * setup.B,
+                       ACTIVE, n_p, pilot=True)
+        return state.replace(pilot_buffer=buf), t
+
+    def decide(self, setup, knobs, state, t, fresh, completed):
+        rows = fresh & (t.status == ACTIVE) & t.pilot
+        s = successes(t)
+        verdict = pc.pilot_classify(t.n, s, setup.cfg.pilot_commit)
+        keep = rows & (verdict == pc.KEEP)
+        evict = rows & (verdict == pc.EVICT)
+        zero = jnp.zeros_like(t.n)
+        buf = queue_push(state.pilot_buffer, t.prompt, t.key, t.n, s, t.rewards, zero, zero, state.step, keep)
+        evicted = t.evicted.at[jnp.where(evict, t.prompt, t.evicted.shape[0])].set(True, mode="drop")
+        status = jnp.where(rows, jnp.where(keep, BUFFERED, ABANDONED), t.status)
+        return state.replace(pilot_buffer=buf), t.replace(status=status, pilot=t.pilot & ~rows, evicted=evicted)
+
+
+POLICIES: dict[str, Policy] = {"uniform": Uniform(), "ds": DynamicSampling(), "sara": Sara(),
+                               "pilot_commit": PilotCommit()}
+
+
+def make_setup(cfg: AllocationConfig, ps: PrefixSamplingConfig, num_prompts: int) -> Setup:
+    """The static setup of a composition; the method's policy is chosen here, once. Compositions that
+    differ only in what :class:`Knobs` carry get equal setups (so jit compiles them once)."""
+    policy = POLICIES[cfg.method]
+    widest = dataclasses.replace(cfg, sara=dataclasses.replace(cfg.sara, mode="fill"))
+    max_budget = cfg.budget if cfg.budget is not None else policy.default_budget(widest)
+    static = dataclasses.replace(cfg, budget=None, selection=dataclasses.replace(cfg.selection, method="none"),
+                                 sara=dataclasses.replace(cfg.sara, mode="fill"),
+                                 ds=dataclasses.replace(cfg.ds, keep_surplus=False))
+    return Setup(cfg=static, ps=dataclasses.replace(ps, enabled=False), num_prompts=num_prompts, policy=policy,
+                 max_budget=min(max_budget, UNBOUNDED))

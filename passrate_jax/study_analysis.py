@@ -1,0 +1,186 @@
+"""Analysis of a ``passrate-jax study``: per (method, seed) measures read from the runs' metrics, per
+method summaries over seeds, paired comparisons against GRPO and DS, and the claims' verdicts.
+
+**Target.** Set per seed from that seed's GRPO (uniform) run: the warm start's held-out accuracy plus
+``target_fraction`` (default 0.8) of GRPO's gain to its plateau (the mean of its last
+``PLATEAU_EVALS`` evaluations). Seeds differ in their warm start, so each seed's runs are measured
+against their own baseline. A run reaches the target at its first evaluation after step 0 at or above
+it; a run that never does is censored at its last evaluation (see ``study_stats``).
+
+**Accuracy.** The held-out *sampled* accuracy (``eval_sampled_accuracy``: several answers per prompt,
+less noisy than one greedy answer) when every run of the study records it, else greedy
+(``eval_accuracy``); the analysis says which it used.
+
+**Area under accuracy against rollouts.** Per seed, the mean held-out accuracy over the first H
+rollouts, H = the smallest number of rollouts any method of that seed spent in its run (so every
+method's curve covers it; the curve is linear between evaluations).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from passrate_jax.metrics import read_jsonl
+from passrate_jax.study_methods import BASELINES, CLAIMS
+from passrate_jax.study_stats import (factor_interval, first_reach, km_median, log_factor_bounds, mean_over,
+                                      paired_bootstrap, verdict)
+
+PLATEAU_EVALS = 3
+TARGET_FRACTION = 0.8
+PS_WARMUP_STEPS = 10  # the PS controllers' EMA (decay 0.9) needs about ten updates to forget its start
+METRICS = ("eval_sampled_accuracy", "eval_accuracy")
+
+# measure -> how it is compared: a cost to the target (censored), a cost or a benefit (factor), or a
+# difference in accuracy (method - baseline).
+CENSORED = ("rollouts_to_target", "steps_to_target", "seconds_to_target")
+COSTS = ("rollouts_per_valid_group",)
+BENEFITS = ("valid_groups_per_step",)
+DIFFERENCES = ("final_accuracy", "mean_accuracy")
+COMPARED = (*CENSORED, *COSTS, *BENEFITS, *DIFFERENCES)
+
+
+def load_runs(plan) -> dict[str, dict[int, list[dict]]]:
+    """Metrics records of every (method, seed) run of ``plan`` that has any."""
+    runs: dict[str, dict[int, list[dict]]] = {}
+    for m in plan.methods:
+        for s in plan.seeds:
+            path = os.path.join(plan.run_dir(m, s), "metrics.jsonl")
+            if os.path.exists(path):
+                runs.setdefault(m, {})[s] = read_jsonl(path)
+    return runs
+
+
+def eval_curve(records: list[dict], metric: str) -> dict[str, np.ndarray]:
+    """step, rollouts (cumulative), seconds and accuracy at every evaluation, step 0 (the warm start)
+    included. Seconds are the sum of the steps' own wall clock (rollouts, update, evaluation) so far,
+    which a resumed run keeps (its ``time/total_s`` restarts at the resume)."""
+    rows, seconds = [], 0.0
+    for r in records:
+        seconds += r.get("time/step_s", 0.0) if r.get("step", 0) >= 1 else 0.0
+        if isinstance(r.get(metric), (int, float)):
+            rows.append((r["step"], r.get("rollouts_total", 0), seconds, r[metric]))
+    cols = [np.asarray(c, float) for c in zip(*rows)] if rows else [np.zeros(0)] * 4
+    return dict(zip(("step", "rollouts", "seconds", "accuracy"), cols))
+
+
+def choose_metric(runs) -> str:
+    """Sampled accuracy when every run evaluates it, else greedy."""
+    for metric in METRICS:
+        if all(len(eval_curve(r, metric)["step"]) >= 2 for by_seed in runs.values() for r in by_seed.values()):
+            return metric
+    raise RuntimeError("some run has fewer than two held-out evaluations: nothing to measure")
+
+
+def _mean(values) -> float:
+    v = [x for x in values if isinstance(x, (int, float)) and x == x]
+    return float(np.mean(v)) if v else float("nan")
+
+
+def seed_measures(records: list[dict], metric: str, target: float, ps_warmup: int) -> dict:
+    """Every per-seed measure of one run (the to-target ones as (value, observed))."""
+    c = eval_curve(records, metric)
+    steps = [r for r in records if r.get("step", 0) >= 1]
+    valid_total = sum(r.get("valid_groups", 0) for r in steps)
+    last = records[-1]
+    buckets = sorted({k.rsplit("/", 1)[1] for r in steps for k in r if k.startswith("ps/pass_rate/")}, key=int)
+    return {
+        "curve": c,
+        "rollouts_to_target": first_reach(c["rollouts"], c["accuracy"], target),
+        "steps_to_target": first_reach(c["step"], c["accuracy"], target),
+        "seconds_to_target": first_reach(c["seconds"], c["accuracy"], target),
+        "start_accuracy": float(c["accuracy"][0]),
+        "final_accuracy": float(c["accuracy"][-1]),
+        "valid_groups_per_step": _mean([r.get("valid_groups") for r in steps]),
+        "rollouts_per_valid_group": last.get("rollouts_total", 0) / valid_total if valid_total else float("inf"),
+        "useful_fraction": float(last.get("useful_rollout_fraction", float("nan"))),
+        "rollouts_total": float(last.get("rollouts_total", 0)),
+        "wall_seconds": float(sum(r.get("time/step_s", 0.0) for r in steps)),
+        "ps_pass_rate": {b: _mean([r.get(f"ps/pass_rate/{b}") for r in steps if r["step"] > ps_warmup])
+                         for b in buckets},
+    }
+
+
+def _spread(values) -> dict:
+    v = np.asarray([x for x in values if x == x and np.isfinite(x)], float)
+    if not len(v):
+        return {"mean": float("nan"), "sd": float("nan"), "n": 0}
+    return {"mean": float(v.mean()), "sd": float(v.std(ddof=1)) if len(v) > 1 else 0.0, "n": int(len(v))}
+
+
+def summarise(per_seed: dict[int, dict]) -> dict:
+    """One method over its seeds: Kaplan-Meier medians of the to-target measures, mean and sd of the rest."""
+    out = {"seeds": sorted(per_seed)}
+    for name in CENSORED:
+        values = [per_seed[s][name] for s in out["seeds"]]
+        median, reached = km_median([v for v, _ in values], [o for _, o in values])
+        out[name] = {"median": median, "median_reached": reached, "reached": sum(o for _, o in values),
+                     "per_seed": values}
+    for name in ("final_accuracy", "mean_accuracy", "valid_groups_per_step", "rollouts_per_valid_group",
+                 "useful_fraction", "rollouts_total", "wall_seconds"):
+        out[name] = _spread([per_seed[s][name] for s in out["seeds"]])
+    buckets = sorted({b for m in per_seed.values() for b in m["ps_pass_rate"]}, key=int)
+    out["ps_pass_rate"] = {b: _spread([per_seed[s]["ps_pass_rate"].get(b, float("nan")) for s in out["seeds"]])
+                           for b in buckets}
+    return out
+
+
+def compare(method: dict[int, dict], base: dict[int, dict], measure: str, no_gain=()) -> dict:
+    """The paired comparison of ``method`` with ``base`` on their common seeds: a factor interval (above
+    1 favours the method) or, for accuracies, the interval of the difference method - base. To-target
+    measures leave out the ``no_gain`` seeds (GRPO gained nothing there, so the target is no target)."""
+    seeds = sorted(set(method) & set(base) - (set(no_gain) if measure in CENSORED else set()))
+    if measure in CENSORED:
+        b, m = [base[s][measure] for s in seeds], [method[s][measure] for s in seeds]
+        lo, hi = log_factor_bounds([v for v, _ in b], [o for _, o in b], [v for v, _ in m], [o for _, o in m])
+        r = factor_interval(lo, hi)
+        r["censored_seeds"] = int(sum(not (bo and mo) for (_, bo), (_, mo) in zip(b, m)))
+    elif measure in COSTS or measure in BENEFITS:
+        sign = 1.0 if measure in COSTS else -1.0
+        lo = sign * np.log([base[s][measure] / method[s][measure] for s in seeds])
+        r = factor_interval(lo, lo)
+        r["censored_seeds"] = 0
+    else:
+        d = [method[s][measure] - base[s][measure] for s in seeds]
+        r = paired_bootstrap(d, d)
+        r["censored_seeds"] = 0
+    return {**r, "kind": "difference" if measure in DIFFERENCES else "factor", "seeds": seeds}
+
+
+def analyse(runs: dict[str, dict[int, list[dict]]], *, target_fraction: float = TARGET_FRACTION,
+            metric: str | None = None, ps_warmup: int | None = None) -> dict:
+    """Everything the report shows, from ``runs`` (method -> seed -> metrics records); see the module
+    docstring for the definitions. Needs GRPO runs (they set the targets)."""
+    base = runs.get("grpo", {})
+    if not base:
+        raise RuntimeError("no GRPO run: the target accuracy cannot be set")
+    metric = metric or choose_metric(runs)
+    if ps_warmup is None:
+        last_step = max(r[-1].get("step", 0) for by_seed in runs.values() for r in by_seed.values())
+        ps_warmup = min(PS_WARMUP_STEPS, last_step // 4)
+    grpo = {s: eval_curve(r, metric)["accuracy"] for s, r in base.items()}
+    starts = {s: float(a[0]) for s, a in grpo.items()}
+    plateaus = {s: float(a[-PLATEAU_EVALS:].mean()) for s, a in grpo.items()}
+    targets = {s: starts[s] + target_fraction * (plateaus[s] - starts[s]) for s in base}
+    per_seed = {m: {s: seed_measures(r, metric, targets[s], ps_warmup) for s, r in by_seed.items() if s in targets}
+                for m, by_seed in runs.items()}
+    horizons = {s: min(ms[s]["curve"]["rollouts"][-1] for ms in per_seed.values() if s in ms) for s in targets}
+    for ms in per_seed.values():
+        for s, x in ms.items():
+            x["mean_accuracy"] = mean_over(x["curve"]["rollouts"], x["curve"]["accuracy"], horizons[s])
+    # A seed whose GRPO run did not improve on its warm start has a target at or below the start: every
+    # run "reaches" it at its first evaluation, and time to target measures nothing there.
+    no_gain = sorted(s for s in targets if plateaus[s] <= starts[s])
+    comparisons = {(m, b): {measure: compare(per_seed[m], per_seed[b], measure, no_gain) for measure in COMPARED}
+                   for m in per_seed for b in BASELINES if b in per_seed and b != m}
+    claims = []
+    for c in CLAIMS:
+        if c.method in per_seed and c.baseline in per_seed:
+            iv = compare(per_seed[c.method], per_seed[c.baseline], c.measure, no_gain)
+            claims.append({"claim": c, "interval": iv, "verdict": verdict(iv, c.kind, c.value)})
+    return {"metric": metric, "targets": targets, "no_gain_seeds": no_gain, "starts": starts,
+            "plateaus": plateaus,
+            "target_fraction": target_fraction, "ps_warmup": ps_warmup, "horizons": horizons,
+            "per_seed": per_seed, "methods": {m: summarise(x) for m, x in per_seed.items()},
+            "comparisons": comparisons, "claims": claims}

@@ -1,0 +1,87 @@
+"""What ``passrate-jax study`` compares: the methods (each a set of config overrides with a preset of the
+same composition in configs/) and the source papers' claims it checks (docs/design.md section 2.6).
+
+A data module on its own, so that the study driver (``study.py``) and its report (``study_report.py``)
+both read it without importing each other.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+# name -> (label, config overrides on top of the base preset). Each name has a preset of the same
+# composition in configs/ (tests/test_study.py checks they agree). SARA is the fill mode (B valid groups
+# per step, docs/design.md 2.2); `sara_fixed` the fixed-budget mode (B * N rollouts per step).
+METHODS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "grpo": ("GRPO (uniform)", ("allocation.method=uniform",)),
+    "ds": ("DS (DAPO dynamic sampling)", ("allocation.method=ds",)),
+    "ds_ideal": ("ideal DS (keeps its surplus)", ("allocation.method=ds", "allocation.ds.keep_surplus=true")),
+    "mopps": ("MoPPS", ("allocation.method=uniform", "allocation.selection.method=mopps")),
+    "dps": ("DPS", ("allocation.method=uniform", "allocation.selection.method=dps")),
+    "sara": ("SARA (fill)", ("allocation.method=sara",)),
+    "sara_fixed": ("SARA fixed budget", ("allocation.method=sara", "allocation.sara.mode=fixed_budget")),
+    "sara_dps": ("SARA + DPS", ("allocation.method=sara", "allocation.selection.method=dps")),
+    "pilot_commit": ("Pilot-Commit", ("allocation.method=pilot_commit",)),
+    "ps_adaptive": ("PS adaptive", ("allocation.method=uniform", "prefix_sampling.enabled=true",
+                                    "prefix_sampling.mode=adaptive")),
+    "ps_fixed": ("PS fixed 0.25", ("allocation.method=uniform", "prefix_sampling.enabled=true",
+                                   "prefix_sampling.mode=fixed", "prefix_sampling.ratio_init=0.25")),
+    "ps_hard_only": ("PS hard-only", ("allocation.method=uniform", "prefix_sampling.enabled=true",
+                                      "prefix_sampling.mode=hard_only")),
+    "ps_sara_dps": ("PS + SARA + DPS", ("allocation.method=sara", "allocation.selection.method=dps",
+                                        "prefix_sampling.enabled=true", "prefix_sampling.mode=adaptive")),
+}
+# Every method starts from "no selection, no PS"; its overrides switch on what it uses.
+NEUTRAL = ("allocation.selection.method=none", "prefix_sampling.enabled=false")
+BASELINES = ("grpo", "ds")  # every ratio is reported against both
+
+
+@dataclasses.dataclass(frozen=True)
+class Claim:
+    """One claim of a source paper, quoted exactly (docs/design.md 2.6), and how this study tests it.
+
+    source: the paper. measure: a per-seed measure of ``study_analysis.COMPARED``. kind: ``factor`` (the
+    method's factor over the baseline, oriented so that above 1 favours the method; ``value`` is the
+    claimed factor), ``above`` (method - baseline > 0: the method's accuracy is above the baseline's)
+    or ``match`` (|method - baseline| within ``value``, our equivalence margin)."""
+    label: str
+    quote: str
+    source: str
+    method: str
+    baseline: str
+    measure: str
+    kind: Literal["factor", "above", "match"]
+    value: float
+
+
+PS, SARA, PC = "Prefix Sampling paper", "SARA paper", "Pilot-Commit paper"
+CLAIMS = (
+    Claim("PS adaptive: fewer steps to converge than GRPO", "4B 1.92x, 8B 1.56x, 14B 1.51x, 32B 1.40x "
+          "(tested against 4B's 1.92x, the paper's smallest model and its ablation's)", PS,
+          "ps_adaptive", "grpo", "steps_to_target", "factor", 1.92),
+    Claim("PS adaptive: end-to-end wall clock against GRPO", "14B 2.01x, 32B 1.55x (tested against 14B's 2.01x)",
+          PS, "ps_adaptive", "grpo", "seconds_to_target", "factor", 2.01),
+    Claim("PS adaptive: valid groups per batch against GRPO", "+41.7% (14B), +28.8% (32B) (tested against "
+          "14B's 1.417x)", PS, "ps_adaptive", "grpo", "valid_groups_per_step", "factor", 1.417),
+    Claim("PS fixed (r = 0.25): fewer steps than GRPO", "PS-fix (r = 0.25) 1.61x (4B)", PS,
+          "ps_fixed", "grpo", "steps_to_target", "factor", 1.61),
+    Claim("PS hard-only adaptive: fewer steps than GRPO", "hard-only adaptive 1.13x (4B)", PS,
+          "ps_hard_only", "grpo", "steps_to_target", "factor", 1.13),
+    Claim("SARA: fewer rollouts than DS", "22% fewer rollouts than DS (cost ratio 0.78, so DS / SARA = 1.28x)",
+          SARA, "sara", "ds", "rollouts_to_target", "factor", 1 / 0.78),
+    Claim("SARA: accuracy matching DPS", "accuracy matching DPS (tested as |SARA - DPS| final accuracy "
+          "within 0.02, our margin)", SARA, "sara", "dps", "final_accuracy", "match", 0.02),
+    Claim("SARA: accuracy below the DS oracle", "both below the DS oracle (tested as DS - SARA final "
+          "accuracy > 0)", SARA, "ds", "sara", "final_accuracy", "above", 0.0),
+    Claim("DPS: accuracy below the DS oracle", "both below the DS oracle (tested as DS - DPS final "
+          "accuracy > 0)", SARA, "ds", "dps", "final_accuracy", "above", 0.0),
+    Claim("SARA + DPS: fewer rollouts than DS", "67% fewer rollouts than DS (cost ratio 0.33, so "
+          "DS / (SARA + DPS) = 3.03x)", SARA, "sara_dps", "ds", "rollouts_to_target", "factor", 1 / 0.33),
+    Claim("SARA + DPS: accuracy slightly above DS", "with accuracy slightly above DS (tested as final "
+          "accuracy difference > 0)", SARA, "sara_dps", "ds", "final_accuracy", "above", 0.0),
+    Claim("Pilot-Commit: fewer cumulative rollouts than GRPO", "target accuracy reached with up to 1.9x fewer "
+          "cumulative rollouts than GRPO", PC, "pilot_commit", "grpo", "rollouts_to_target", "factor", 1.9),
+    Claim("Pilot-Commit: fewer cumulative rollouts than DS", "up to 4.0x fewer than DAPO (DS)", PC,
+          "pilot_commit", "ds", "rollouts_to_target", "factor", 4.0),
+)

@@ -1,0 +1,101 @@
+"""Bad input fails early and clearly: before any model is built or step is run, naming the key or file
+and the numbers involved. (The README table "What happens on bad input" points at these tests.)"""
+
+import errno
+import os
+from collections import namedtuple
+
+import pytest
+
+from passrate_jax import session as session_module
+from passrate_jax.config import load_config
+from passrate_jax.configlib import ConfigError
+from passrate_jax.metrics import read_jsonl
+from passrate_jax.train import train
+from tests.test_train_e2e import TINY, hash_reward
+
+
+@pytest.fixture
+def no_model(monkeypatch):
+    """Building a model counts as compute here: a check that is late enough to reach it fails the test."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("the model was built before the bad input was caught")
+    monkeypatch.setattr(session_module, "create_model", refuse)
+
+
+@pytest.mark.parametrize("overrides", [
+    [],                                                              # a text run on the built-in task
+    ["data.source=env", "data.env=calculator", "data.level=1"],      # an environment run
+])
+def test_prompt_plus_new_tokens_beyond_positions_fails_before_compute(tmp_path, no_model, overrides):
+    cfg = load_config(None, TINY + overrides + ["model.max_position_embeddings=40", "sampling.max_new_tokens=36"])
+    with pytest.raises(ConfigError) as err:
+        train(cfg, str(tmp_path), progress=False, log=lambda *a: None)
+    message = str(err.value)
+    assert "sampling.max_new_tokens = 36" in message and "model.max_position_embeddings = 40" in message
+    assert not (tmp_path / "metrics.jsonl").exists()
+
+
+@pytest.mark.parametrize("source, extra", [
+    ("jsonl", ["data.path=train.jsonl"]), ("parquet", ["data.path=train.parquet"]), ("tfds", ["data.tfds_name=gsm8k"]),
+])
+@pytest.mark.parametrize("key, value", [("level", 2), ("max_level", 3), ("train_size", 100)])
+def test_keys_a_source_ignores_are_errors(source, extra, key, value):
+    with pytest.raises(ConfigError, match=rf"data\.{key} = {value}: ignored by source {source}"):
+        load_config(None, [f"data.source={source}", *extra, f"data.{key}={value}"])
+
+
+def test_a_preset_that_switches_to_a_file_must_reset_builtin_keys():
+    # configs/default.yaml sets max_level and train_size for its built-in task; a preset based on it
+    # that reads a file must set them back to 0 (qwen3_gsm8k.yaml does), not have them silently ignored.
+    with pytest.raises(ConfigError, match=r"data\.max_level = 6: ignored by source jsonl"):
+        load_config("configs/default.yaml", ["data.source=jsonl", "data.path=x.jsonl"])
+    load_config("configs/qwen3_gsm8k.yaml")
+
+
+def test_missing_prompt_file_is_named_before_compute(tmp_path, no_model):
+    cfg = load_config(None, TINY + ["data.source=jsonl", f"data.path={tmp_path}/nope.jsonl", "data.level=0",
+                                    "data.train_size=0"])
+    with pytest.raises(FileNotFoundError, match="nope.jsonl"):
+        train(cfg, str(tmp_path / "run"), progress=False, log=lambda *a: None)
+
+
+def test_unwritable_run_dir_fails_before_compute(tmp_path, no_model):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory")
+    cfg = load_config(None, TINY + ["steps=1"])
+    with pytest.raises(ConfigError, match="is not writable"):
+        train(cfg, str(blocker / "run"), progress=False, log=lambda *a: None)
+
+
+def test_run_dir_without_room_for_a_checkpoint_fails_before_training(tmp_path, monkeypatch):
+    import passrate_jax.checkpoint as checkpoint
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda path: usage(10**9, 10**9 - 4096, 4096))
+    cfg = load_config(None, TINY + ["steps=1"])
+    with pytest.raises(ConfigError, match="MiB free; one checkpoint of this run needs"):
+        train(cfg, str(tmp_path), progress=False, log=lambda *a: None)
+    assert not (tmp_path / "metrics.jsonl").exists()
+
+
+def test_disk_full_during_a_checkpoint_stops_the_run_and_it_resumes(tmp_path, monkeypatch):
+    """A save that hits ENOSPC stops the run with the OS error (no silent loss); the checkpoint before
+    it is intact, and rerunning resumes from it with every step recorded once."""
+    from passrate_jax.checkpoint import RunCheckpointer
+    monkeypatch.setattr(session_module.Session, "score", lambda self, records, texts: hash_reward(records, texts))
+    original = RunCheckpointer.save
+
+    def save(self, step, state, meta):
+        if step == 2:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), self.path)
+        return original(self, step, state, meta)
+
+    cfg = load_config(None, TINY + ["steps=3", "checkpoint.every_steps=1"])
+    monkeypatch.setattr(RunCheckpointer, "save", save)
+    with pytest.raises(OSError, match="No space left on device"):
+        train(cfg, str(tmp_path), progress=False, log=lambda *a: None)
+    monkeypatch.setattr(RunCheckpointer, "save", original)
+    logs = []
+    train(cfg, str(tmp_path), progress=False, log=logs.append)
+    assert any("from the checkpoint of step 1" in str(line) for line in logs)
+    assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [0, 1, 2, 3]
