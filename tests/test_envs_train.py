@@ -148,6 +148,8 @@ def test_a_few_steps_on_each_environment_with_prefix_sampling(tmp_path, monkeypa
         assert r["env/replay_rejected"] == 0 and r["env/error_observations"] > 0  # a random model's actions
         assert 1 <= r["env/turns_mean"] <= 3 and "ps/ratio/1" in r
         assert np.isfinite(r["update/loss"])
+        # Turns after the first append to live caches: the conversation is never prefilled again.
+        assert r["prefill_tokens"] <= r["context_tokens"] < r["unshared_prefill_tokens"]
     assert sum(r["replay_groups"] for r in records) > 0
     assert any(k.startswith("ps/pass_rate/") for r in records for k in r)
     # Replays cut whole assistant turns: floor(r * T) clipped to [1, T - 1] of the source's T turns.
