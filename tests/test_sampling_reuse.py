@@ -121,3 +121,16 @@ def test_equal_turns_share_one_append(sampler):
     assert store.context_tokens - contexts_before == len(contexts[0].ids) - len(PROMPTS[1])
     assert_same_rows(out, sampler.generate(contexts, seed=2, cfg=CFGS["sampled"]))
     assert out.completion(0) != out.completion(1)  # each row still draws with its own context id
+
+
+def test_rows_are_recycled_least_recently_used_first(sampler):
+    cfg = CFGS["sampled"]
+    store = sampler.kv_store()
+    a, b, c, d, e = (Context(PROMPTS[i % 4][: 4 + i], num_samples=2, context_id=50 + i) for i in range(5))
+    for call in ([a, b], [c, d], [e]):
+        sampler.generate(call, seed=3, cfg=cfg, store=store)
+    # a's row was recycled (it was least recently used): it is prefilled again, with the same tokens.
+    assert store.lookup(a.ids) is None and store.prefilled == 5
+    assert_same_rows(sampler.generate([a, e], seed=3, cfg=cfg, store=store), sampler.generate([a, e], seed=3, cfg=cfg))
+    assert store.prefilled == 6 and store.capacity[0] <= 4  # one call's contexts, not the step's five
+    assert store.context_tokens == sum(len(x.ids) for x in (a, b, c, d, e))  # a counted once as a context

@@ -24,6 +24,9 @@ class PrefixStore:
 
     ``params``: the placed parameter state every program of this store runs with. ``shared``: contexts
     with equal ids share one stored row (a store scoped to one call prefills each context it is given).
+    Rows are recycled least-recently-used first, so the store holds about as many contexts as one call
+    samples from (SARA's pending groups, not every group it opened), and grows only when one call
+    needs more.
 
     Counters over every call made with the store (live rows extended from it included):
     ``prefill_tokens``: real tokens run through a prefill or an append, i.e. keys and values computed
@@ -42,7 +45,9 @@ class PrefixStore:
         self.shared = shared
         self.arrays: core.PrefillOutput | None = None   # [C, V] logits, [layers, C, T, ...] KV; None: empty
         self.slots: dict[tuple[int, ...], int] = {}      # context ids -> row (shared stores)
-        self.count = 0                                   # rows in use
+        self._row_ids: dict[int, tuple[int, ...]] = {}   # row -> the context it holds
+        self._used: dict[int, int] = {}                  # row -> the last call that sampled from it
+        self._calls = 0
         self.prefill_tokens = 0
         self.context_tokens = 0
         self.unshared_tokens = 0
@@ -62,11 +67,32 @@ class PrefixStore:
             self.context_tokens += added
 
     def lookup(self, ids: tuple[int, ...]) -> int | None:
-        return self.slots.get(ids) if self.shared else None
+        """The row holding ``ids`` (None: not held, or an unshared store), marked used by the current call."""
+        row = self.slots.get(ids) if self.shared else None
+        if row is not None:
+            self._used[row] = self._calls
+        return row
+
+    def begin_call(self) -> None:
+        self._calls += 1
+
+    def place(self, ids: Sequence[tuple[int, ...]], contexts: int, keep: set[int]) -> list[int]:
+        """Rows for new contexts ``ids`` in a store of ``contexts`` rows: empty rows first, then the rows
+        least recently used, never one in ``keep`` (those the current call samples from). A context
+        evicted here is prefilled again should a later call need it (and counted again)."""
+        empty = [r for r in range(contexts) if r not in self._row_ids]
+        stale = sorted((self._used[r], r) for r in self._row_ids if r not in keep and r < contexts)
+        rows = (empty + [r for _, r in stale])[:len(ids)]
+        for x, row in zip(ids, rows):
+            self.slots.pop(self._row_ids.get(row), None)
+            self._row_ids[row], self._used[row] = x, self._calls
+            if self.shared:
+                self.slots[x] = row
+        return rows
 
     def release(self) -> None:
         """Free the device arrays (the step is over); the counters stay readable."""
-        self.arrays, self.slots, self.count = None, {}, 0
+        self.arrays, self.slots, self._row_ids, self._used = None, {}, {}, {}
 
 
 @dataclasses.dataclass

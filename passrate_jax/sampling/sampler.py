@@ -284,20 +284,25 @@ class Sampler:
 
     def _prefill_missing(self, store: PrefixStore, contexts: Sequence[Context], cfg: SamplingConfig) -> list[int]:
         """The store row of every context, prefilling those it does not hold in one batch."""
-        slots, ids = [], []
-        for c in contexts:
+        store.begin_call()
+        slots: list[int | None] = []
+        new: dict[object, int] = {}  # a new context (its ids; an unshared store: its position) -> its index
+        ids = []
+        for i, c in enumerate(contexts):
             store.note_context(c.ids, len(c.ids))
-            slot = store.lookup(c.ids)
-            if slot is None:
-                slot = store.count + len(ids)
+            slots.append(store.lookup(c.ids))
+            key = c.ids if store.shared else i
+            if slots[-1] is None and key not in new:
+                new[key] = len(ids)
                 ids.append(c.ids)
-                if store.shared:
-                    store.slots[c.ids] = slot
-            slots.append(slot)
         if not ids:
             return slots
+        keep = {s for s in slots if s is not None}
         t = bucket(max(map(len, ids)), cfg.context_buckets)
-        capacity = self._capacity(store, store.count + len(ids), t, cfg)
+        capacity = self._capacity(store, len(keep) + len(ids), t, cfg)
+        rows = store.place(ids, capacity[0], keep)
+        slots = [rows[new[c.ids if store.shared else i]] if s is None else s
+                 for i, (c, s) in enumerate(zip(contexts, slots))]
         c_pad = bucket(len(ids), cfg.prefill_row_buckets, self.row_shards)
         tokens = np.full((c_pad, t), self.pad_id, np.int32)
         for i, x in enumerate(ids):
@@ -305,18 +310,17 @@ class Sampler:
         length = np.zeros(c_pad, np.int32)
         length[:len(ids)] = [len(x) for x in ids]
         slot = np.full(c_pad, capacity[0], np.int32)  # padding contexts: out of range, dropped
-        slot[:len(ids)] = store.count + np.arange(len(ids))
+        slot[:len(ids)] = rows
         grows = capacity != store.capacity
         store.arrays = self._store_prefill[grows](store.params, store.arrays, jax.device_put(tokens, self._rows2),
-                                           jax.device_put(length, self._rows1), jax.device_put(slot, self._rows1),
-                                           capacity)
-        store.count += len(ids)
+                                                  jax.device_put(length, self._rows1),
+                                                  jax.device_put(slot, self._rows1), capacity)
         store.prefilled += len(ids)
         self._count_prefill(store, len(ids), int(length.sum()))
         return slots
 
     def _capacity(self, store: PrefixStore, contexts: int, slots: int, cfg: SamplingConfig) -> tuple[int, int]:
-        """The capacity that holds ``contexts`` rows of ``slots`` tokens. A shared store starts at the
+        """A capacity of at least ``contexts`` rows of ``slots`` tokens. A shared store starts at the
         largest capacity used before (so later steps compile nothing new) and grows by buckets; an empty
         store is allocated here (zeros, placed), a full one grows inside the prefill program."""
         c, t = store.capacity
