@@ -105,6 +105,8 @@ def test_live_turns_equal_reprefilling_the_conversation(sampler, mode):
         live, rows = new_live, list(range(len(parents)))
     with pytest.raises(ValueError, match="do not extend live row 0"):
         sampler.extend_live(live, [0], [Context((1,) + live.tokens[0])], cfg=cfg)
+    with pytest.raises(ValueError, match="the live rows' slots = 64"):
+        sampler.extend_live(live, [0], [Context(live.tokens[0] + (5,), max_new_tokens=64)], cfg=cfg)
     with pytest.raises(ValueError, match="live_len = 16"):
         sampler.generate_live([Context(PROMPTS[3], max_new_tokens=8)], live_len=16, cfg=cfg)
 

@@ -239,6 +239,7 @@ class Sampler:
             if not 0 <= p < len(live.tokens) or c.ids[:len(live.tokens[p])] != live.tokens[p] \
                     or len(c.ids) <= live.valid[p]:
                 raise ValueError(f"context {c.context_id}: its ids do not extend live row {p}")
+        _check_reach(contexts, cfg, live.slots, "the live rows' slots")
         rows: dict[tuple[int, ...], int] = {}  # equal contexts (e.g. equal greedy turns) share one append
         firsts = []  # the first context of each distinct ids
         for i, c in enumerate(contexts):
@@ -273,13 +274,11 @@ class Sampler:
             store = PrefixStore(self._place(params), shared=False)
         elif params is not None:
             raise ValueError("pass params or a store, not both: a store holds the KV rows of one parameter state")
-        slots = self._prefill_missing(store, contexts, cfg)
         t = bucket(max(len(c.ids) for c in contexts), cfg.context_buckets)
         if live_len is not None:
-            reach = max(len(c.ids) + (c.max_new_tokens or cfg.max_new_tokens) for c in contexts)
-            if reach > live_len:
-                raise ValueError(f"live_len = {live_len}: a context and its budget reach {reach} tokens")
+            _check_reach(contexts, cfg, live_len, "live_len")
             live_len = max(bucket(live_len, cfg.context_buckets), t)
+        slots = self._prefill_missing(store, contexts, cfg)
         return self._sample(store, store.arrays, contexts, slots, seed, cfg, context_len=t, live_len=live_len)
 
     def _prefill_missing(self, store: PrefixStore, contexts: Sequence[Context], cfg: SamplingConfig) -> list[int]:
@@ -349,9 +348,6 @@ class Sampler:
         budgets = [c.max_new_tokens or cfg.max_new_tokens for c in contexts]
         n_ctx, n_rows = len(contexts), sum(c.num_samples for c in contexts)
         g = bucket(max(budgets), cfg.generation_buckets)
-        if live_len is not None and max(n + b for n, b in zip(lengths, budgets)) > live_len:
-            raise ValueError(f"live rows of {live_len} slots: a context and its budget reach "
-                             f"{max(n + b for n, b in zip(lengths, budgets))} tokens")
         r_pad = bucket(max(n_rows, 1), cfg.row_buckets, self.row_shards)
         ctx_index = np.repeat(np.arange(n_ctx), [c.num_samples for c in contexts]).astype(np.int32)
         sample_index = np.concatenate(
@@ -394,6 +390,13 @@ class Sampler:
         context_len = [len(contexts[c].ids) for c in ctx_index]
         valid = [n + max(int(m) - 1, 0) for n, m in zip(context_len, length)]
         return result, LiveRows(final.cache, tokens, context_len, valid, store)
+
+
+def _check_reach(contexts: Sequence[Context], cfg: SamplingConfig, limit: int, name: str) -> None:
+    """Live rows hold ``limit`` positions: every context with its budget must fit, checked before any compute."""
+    reach = max(len(c.ids) + (c.max_new_tokens or cfg.max_new_tokens) for c in contexts)
+    if reach > limit:
+        raise ValueError(f"{name} = {limit}: a context and its budget reach {reach} tokens")
 
 
 def training_rows(contexts: Sequence[Context], result: SampleResult, *, pad_id: int = 0,
