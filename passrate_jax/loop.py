@@ -24,6 +24,10 @@ from passrate_jax.allocation.prefix_control import bucket_successes
 class RolloutBackend(Protocol):
     """One kind of rollout, as the round loop and the trainer drive it.
 
+    A step opens with ``open_step(params)`` (the rounds' ``generate`` calls share one prefix store of
+    these parameters, so a context sampled in several rounds is prefilled once) and ends with
+    ``close_step`` (frees that KV before the update; returns the step's ``prefill_tokens``,
+    ``context_tokens`` and ``unshared_prefill_tokens``, see ``passrate_jax.sampling.PrefixStore``).
     A round: ``contexts`` (where each request's rollouts start; None where a start cannot be rebuilt,
     e.g. an environment replay that fails its determinism check: the request is not observed) ->
     ``generate`` (each context's rollouts, in sample order) -> ``score`` (per-rollout columns of the step
@@ -33,6 +37,10 @@ class RolloutBackend(Protocol):
     counters. ``retain`` / ``to_json`` / ``load_json``: the trajectories a checkpoint keeps.
     ``warm_start`` / ``evaluate``: the kind's supervised warm start and held-out evaluation.
     """
+
+    def open_step(self, params) -> None: ...
+
+    def close_step(self) -> dict[str, int]: ...
 
     def contexts(self, requests: Sequence[Request]) -> list: ...
 
@@ -99,10 +107,11 @@ class RolloutTable:
 @dataclasses.dataclass
 class StepRollouts:
     """What the rollout phase of a step produced: the allocator's result (unobserved groups left out),
-    the next allocator state, and the step's table of rollouts."""
+    the next allocator state, the step's table of rollouts and the sampler's prefill counters."""
     result: StepResult
     state: AllocatorState
     table: RolloutTable
+    prefill: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
 def collect_rollouts(allocator: Allocator, state: AllocatorState, backend: RolloutBackend, params, *,
@@ -112,25 +121,32 @@ def collect_rollouts(allocator: Allocator, state: AllocatorState, backend: Rollo
     group is left out of the update."""
     run = allocator.start_step(state)
     table = RolloutTable()
-    while requests := run.requests():
-        contexts = backend.contexts(requests)
-        observed = [c is not None for c in contexts]
-        live = [r for r, seen in zip(requests, observed) if seen]
-        rollouts = backend.generate([c for c in contexts if c is not None], params, seed)
-        scores = backend.score(live, rollouts)
-        backend.record(live, rollouts, scores)
-        run.observe(table.add(requests, observed, scores))
+    backend.open_step(params)
+    try:
+        while requests := run.requests():
+            contexts = backend.contexts(requests)
+            observed = [c is not None for c in contexts]
+            live = [r for r, seen in zip(requests, observed) if seen]
+            rollouts = backend.generate([c for c in contexts if c is not None], params, seed)
+            scores = backend.score(live, rollouts)
+            backend.record(live, rollouts, scores)
+            run.observe(table.add(requests, observed, scores))
+    finally:
+        prefill = backend.close_step()
     result, new_state = run.finish()
     if unobserved := table.unobserved_groups():
         result = dataclasses.replace(result, groups=[g for g in result.groups if g.group_key not in unobserved])
-    return StepRollouts(result, new_state, table)
+    return StepRollouts(result, new_state, table, prefill)
 
 
 def rollout_metrics(allocator: Allocator, rollouts: StepRollouts, backend: RolloutBackend) -> dict:
     """Per-step counters: rollouts spent, valid groups, useful rollouts, pass-rate histogram of the
     trained groups, per Prefix Sampling bucket (named by its success count) the re-rollout pass rate,
-    the controller's ratio and EMA, then the backend's own counters. Generated-rollout counters
-    (accuracy, truncation, verifier errors) count observed rollouts only."""
+    the controller's ratio and EMA, the sampler's ``prefill_tokens`` / ``context_tokens`` and their
+    ``prefill_ratio`` (1: every context's KV computed once in the step; ``unshared_prefill_tokens``:
+    what prefilling every call in full would have computed), then the backend's own
+    counters. Generated-rollout counters (accuracy, truncation, verifier errors) count observed
+    rollouts only."""
     r, n, table = rollouts.result, allocator.cfg.group_size, rollouts.table
     seen = table["observed"].astype(bool)
     rewards = table["reward"][seen]
@@ -155,6 +171,9 @@ def rollout_metrics(allocator: Allocator, rollouts: StepRollouts, backend: Rollo
         "replay_groups": sum(g.prefix is not None for g in r.groups),
         "pass_rate_hist": hist.tolist(),
     }
+    if rollouts.prefill:
+        p, c = rollouts.prefill["prefill_tokens"], rollouts.prefill["context_tokens"]
+        m.update(rollouts.prefill, prefill_ratio=p / c if c else float("nan"))
     if allocator.ps.enabled:
         pcs = rollouts.state.prefix_control
         ratio, ema = np.asarray(pcs.ratio), np.asarray(pcs.ema)

@@ -20,6 +20,7 @@ from typing import NamedTuple
 import numpy as np
 
 from passrate_jax.allocation import Request, TrainGroup
+from passrate_jax.sampling.prefix_store import PrefixStore
 from passrate_jax.sampling.sampler import Context, Sampler, bucket
 
 # Padded widths (prompt + response tokens) of the update batch: a run compiles one update per width used.
@@ -71,6 +72,35 @@ def score_each(verify: Callable[[list[int], list[str]], np.ndarray], prompts: li
         return rewards, errors
 
 
+class StepKV:
+    """A backend's step-scoped prefix store (the ``open_step`` / ``close_step`` of the rollout protocol):
+    every round of a step samples under one parameter state, so each distinct context is prefilled once
+    per step, and its KV rows are freed when the step's rounds are over (before the update)."""
+    sampler: Sampler | None
+    _kv: tuple[object, PrefixStore] | None = None  # (the step's params as given, their store)
+
+    def open_step(self, params) -> None:
+        self._kv = None if self.sampler is None else (params, self.sampler.kv_store(params))
+
+    def close_step(self) -> dict[str, int]:
+        """Free the step's KV rows; its ``prefill_tokens``, ``context_tokens`` and ``unshared_prefill_tokens``
+        (``PrefixStore``'s counters; empty: no step open)."""
+        kv, self._kv = self._kv, None
+        if kv is None:
+            return {}
+        kv[1].release()
+        return {"prefill_tokens": kv[1].prefill_tokens, "context_tokens": kv[1].context_tokens,
+                "unshared_prefill_tokens": kv[1].unshared_tokens}
+
+    def step_store(self, params) -> PrefixStore:
+        """The open step's store, whose parameters ``params`` must be; outside a step, a store for one call."""
+        if self._kv is None:
+            return self.sampler.kv_store(params)
+        if params is not self._kv[0]:
+            raise ValueError("generate within a step must sample with the parameters the step was opened with")
+        return self._kv[1]
+
+
 class Completion(NamedTuple):
     """One generated answer: its ids (stop token included) and whether it ended on a stop token."""
     ids: list[int]
@@ -90,7 +120,7 @@ class TextGroup:
     rewards: dict[int, float] = dataclasses.field(default_factory=dict)
 
 
-class TextRollouts:
+class TextRollouts(StepKV):
     """The text backend. ``prompt_ids(i)``: prompt i's token ids (with BOS); ``decode``: ids -> text;
     ``verify(prompt_indices, texts)``: one reward per answer; ``max_new_tokens``: an answer's budget
     (prefix included); ``newline_id``: where a Prefix Sampling cut may snap to; ``success_threshold``:
@@ -133,7 +163,7 @@ class TextRollouts:
     def generate(self, contexts: Sequence[Context], params, seed: int) -> list[list[Completion]]:
         if not contexts:
             return []
-        out = self.sampler.generate(list(contexts), seed=seed, params=params)
+        out = self.sampler.generate(list(contexts), seed=seed, store=self.step_store(params))
         rows = [np.flatnonzero(out.context_index == c) for c in range(len(contexts))]
         return [[Completion(out.completion(r), bool(out.stopped[r])) for r in mine] for mine in rows]
 

@@ -92,8 +92,10 @@ def test_turn_loop_shares_the_first_prefill_and_samples_independently_of_the_bat
         return out
 
     calls = []
-    real = sampler.generate
-    sampler.generate = lambda contexts, **kw: calls.append(contexts) or real(contexts, **kw)
+    real_live, real_extend = sampler.generate_live, sampler.extend_live
+    sampler.generate_live = lambda contexts, **kw: calls.append(contexts) or real_live(contexts, **kw)
+    sampler.extend_live = lambda live, parents, contexts, **kw: calls.append(contexts) or real_extend(
+        live, parents, contexts, **kw)
     both = run_episodes(sampler, sampler.params, starts([0, 1]), codec, seed=3, turn_tokens=10, max_len=256)
     # Turn 1: one context per start, shared by its 4 rollouts (one prefill each); then one per live rollout.
     assert [(c.num_samples, c.first_sample_index) for c in calls[0]] == [(4, 0), (4, 0)]
@@ -103,6 +105,14 @@ def test_turn_loop_shares_the_first_prefill_and_samples_independently_of_the_bat
         assert 1 <= len(r.turns) <= 3 and r.episode.done and r.ended in ("env", "limit", "quit", "length")
         assert r.context == list(tok.encode(tasks[r.context_id - 10].prompt, add_bos=True)) + [
             i for t in r.turns[:-1] for i in t.action + t.observation]
+    # Appending each observation to the live caches gives the rollouts of re-prefilling every turn's
+    # whole conversation (the turn loop as it was before live rows).
+    sampler.generate_live = lambda contexts, live_len, **kw: (sampler.generate(contexts, **kw), None)
+    sampler.extend_live = lambda live, parents, contexts, **kw: (sampler.generate(contexts, **kw), live)
+    again = run_episodes(sampler, sampler.params, starts([0, 1]), codec, seed=3, turn_tokens=10, max_len=256)
+    assert [[t.action for t in r.turns] for r in again] == [[t.action for t in r.turns] for r in both]
+    assert sum(len(r.turns) > 1 for r in both) >= 2  # later turns really ran from live rows
+    sampler.generate_live, sampler.extend_live = real_live, real_extend
     # Each start on its own gives the same rollouts: samples depend on (seed, context id, index) only.
     alone = [r for i in (1, 0) for r in run_episodes(sampler, sampler.params, starts([i]), codec, seed=3,
                                                      turn_tokens=10, max_len=256)]
@@ -138,6 +148,8 @@ def test_a_few_steps_on_each_environment_with_prefix_sampling(tmp_path, monkeypa
         assert r["env/replay_rejected"] == 0 and r["env/error_observations"] > 0  # a random model's actions
         assert 1 <= r["env/turns_mean"] <= 3 and "ps/ratio/1" in r
         assert np.isfinite(r["update/loss"])
+        # Turns after the first append to live caches: the conversation is never prefilled again.
+        assert r["prefill_tokens"] <= r["context_tokens"] < r["unshared_prefill_tokens"]
     assert sum(r["replay_groups"] for r in records) > 0
     assert any(k.startswith("ps/pass_rate/") for r in records for k in r)
     # Replays cut whole assistant turns: floor(r * T) clipped to [1, T - 1] of the source's T turns.

@@ -16,6 +16,7 @@ from passrate_jax.envs.replay import Turn, TurnCodec
 from passrate_jax.envs.rollouts import EnvRollouts
 from passrate_jax.loop import collect_rollouts, rollout_metrics
 from passrate_jax.rollouts import TextRollouts, score_each
+from passrate_jax.sampling.prefix_store import PrefixStore
 from passrate_jax.tokenizer import CharTokenizer
 from tests.test_envs import NoisyCalculator
 
@@ -25,7 +26,10 @@ EOS = 2
 class StubSampler:
     """Row j of context c generates ids (group key + 10, j + 10, EOS): every answer is known in advance."""
 
-    def generate(self, contexts, *, seed, params):
+    def kv_store(self, params):
+        return PrefixStore(params)
+
+    def generate(self, contexts, *, seed, store):
         rows = [(c, ctx.first_sample_index + j) for c, ctx in enumerate(contexts) for j in range(ctx.num_samples)]
         ids = [[contexts[c].context_id + 10, j + 10, EOS] for c, j in rows]
         return types.SimpleNamespace(context_index=np.array([c for c, _ in rows]), stopped=np.ones(len(rows), bool),

@@ -1,4 +1,4 @@
-"""Sampler on 8 fake CPU devices: same tokens as on 1 device.
+"""Sampler on 8 fake CPU devices: same tokens as on 1 device (prefix store and live rows included).
 
 The device count is fixed when jax initialises, so the comparison runs in a subprocess started with
 ``XLA_FLAGS=--xla_force_host_platform_device_count=8``.
@@ -14,7 +14,7 @@ import json, sys
 sys.path.insert(0, sys.argv[1])
 import jax, numpy as np
 from passrate_jax.config import MeshConfig
-from passrate_jax.sampling import Sampler
+from passrate_jax.sampling import Context, Sampler
 from passrate_jax.sharding import make_mesh
 from test_sampling import CONTEXTS, EOS, GREEDY, SAMPLE, tiny_model
 
@@ -29,6 +29,13 @@ for name, mesh in meshes.items():
     row = {"greedy": greedy.tokens.tolist(), "greedy_lp": greedy.policy_logprobs.tolist(),
            "row_shards": sampler.row_shards,
            "param_spec": list(sampler.params["layers"]["mlp"]["up"].get_value().sharding.spec)}
+    # a step's store over two calls, then one live turn: rows and stored contexts split over the mesh
+    store = sampler.kv_store()
+    sampler.generate(CONTEXTS[:2], store=store)
+    stored, live = sampler.generate_live(CONTEXTS, live_len=40, store=store)
+    nxt = [Context(live.tokens[p] + (5, 6, 7), context_id=p, max_new_tokens=4) for p in (0, 2, 5)]
+    turn, _ = sampler.extend_live(live, [0, 2, 5], nxt)
+    row.update(stored=stored.tokens.tolist(), turn=turn.tokens.tolist())
     if name != "2x2x2":  # sampled tokens on the pure data-parallel mesh too
         sampled = sampler.generate(CONTEXTS, cfg=SAMPLE, seed=9)
         row.update(sampled=sampled.tokens.tolist(), sampled_lp=sampled.logprobs.tolist())
@@ -49,6 +56,7 @@ def test_eight_fake_devices_match_one_device():
     assert out["2x2x2"]["param_spec"] == [None, "fsdp", "tensor"]  # the parameters really are split
     for name in ("data8", "2x2x2"):
         assert out[name]["greedy"] == one["greedy"], name
+        assert out[name]["stored"] == one["stored"] == one["greedy"] and out[name]["turn"] == one["turn"], name
         assert max(abs(a - b) for ra, rb in zip(out[name]["greedy_lp"], one["greedy_lp"])
                    for a, b in zip(ra, rb)) < 1e-5
     assert out["data8"]["sampled"] == one["sampled"]

@@ -63,6 +63,10 @@ def test_every_method_trains(tmp_path, fake_verifier, method, ps, selection):
     assert all(0 <= r["useful_rollout_fraction"] <= 1 for r in records)
     if ps:
         assert "ps/ratio/1" in records[0]
+    # Each distinct context's KV is computed once per step, however many rounds sample from it.
+    assert all(r["prefill_tokens"] == r["context_tokens"] <= r["unshared_prefill_tokens"] for r in records)
+    if method == "sara":  # its later rounds continue the same contexts: prefilling each round would cost more
+        assert any(r["unshared_prefill_tokens"] > r["prefill_tokens"] for r in records)
     # Compilation counts do not grow once every bucket has been seen.
     assert records[-1]["compilations/update"] <= 2
     assert summary["step"] == 3

@@ -2,11 +2,13 @@
 
 Rollouts begin at a :class:`Start`: an episode (reset, or rebuilt after a replayed prefix) and its
 context ids. The first turn of a start is one sampler context with ``num_samples`` continuations, so
-the shared context (the prompt, or prompt + replayed prefix) is prefilled once and its KV cache rows
-are shared by the whole group. From the second turn on each rollout has its own history, so each is
-its own context (prefilled once per call, which at these context lengths costs less than the decode).
-A turn ends at "\\n" (added to the sampler's stop tokens), at end-of-sequence (the policy ends the
-episode), or at the per-turn budget; the environment's observation is then appended to the context.
+the shared context (the prompt, or prompt + replayed prefix) is prefilled once (once per step, with the
+step's prefix store) and its KV cache rows are shared by the whole group. Every rollout's cache then
+stays live (``Sampler.generate_live``): from the second turn on, each rollout appends its observation
+to its own cache (``Sampler.extend_live``), so a turn computes the keys and values of its new tokens
+only, never the conversation again. A turn ends at "\\n" (added to the sampler's stop tokens), at
+end-of-sequence (the policy ends the episode), or at the per-turn budget; the environment's
+observation is then appended to the context.
 
 Randomness: a row's sample is a function of (seed, context id, sample index) only (see the sampler).
 The first turn uses the start's ``context_id`` and the rollout index, later turns a hash of
@@ -21,6 +23,7 @@ from collections.abc import Sequence
 from passrate_jax.envs.base import Episode, stable_hash
 from passrate_jax.envs.replay import Turn, TurnCodec
 from passrate_jax.sampling.config import SamplingConfig
+from passrate_jax.sampling.prefix_store import PrefixStore
 from passrate_jax.sampling.sampler import Context, Sampler
 
 
@@ -45,6 +48,7 @@ class Rollout:
     sample_index: int
     turns: list[Turn] = dataclasses.field(default_factory=list)
     ended: str = ""
+    row: int = -1  # the rollout's row among the sampler's live rows after its last turn
 
     @property
     def reward(self) -> float:
@@ -57,20 +61,25 @@ def turn_context_id(context_id: int, sample_index: int, turn: int) -> int:
 
 
 def run_episodes(sampler: Sampler, params, starts: Sequence[Start], codec: TurnCodec, *, seed: int,
-                 turn_tokens: int, max_len: int, cfg: SamplingConfig | None = None) -> list[Rollout]:
+                 turn_tokens: int, max_len: int, cfg: SamplingConfig | None = None,
+                 store: PrefixStore | None = None) -> list[Rollout]:
     """Generate every start's rollouts to the end of their episodes; returns them start by start, in
     sample order.
 
     ``turn_tokens``: generation budget of one assistant turn. ``max_len``: the most tokens a context
     may hold (the model's positions): a rollout whose context is full ends ("length", reward of its
-    state). ``cfg``: sampling controls for this call (e.g. greedy for evaluation).
+    state). ``cfg``: sampling controls for this call (e.g. greedy for evaluation). ``store``: the step's
+    prefix store (its parameter state replaces ``params``, which may then be None); without one the
+    starts' contexts are prefilled for this call alone.
     """
     base = cfg or sampler.cfg
     turn_cfg = dataclasses.replace(base, stop_token_ids=tuple(dict.fromkeys((*base.stop_token_ids,
                                                                                codec.newline_id))))
+    own_store = store is None
+    store = sampler.kv_store(params) if own_store else store
     rollouts = [[Rollout(s.episode.fork(), list(s.context), s.context_id, s.first_index + j)
                  for j in range(s.num_samples)] for s in starts]
-    first = True
+    live, first = None, True
     while True:
         for r in (r for rs in rollouts for r in rs if not r.episode.done and len(r.context) >= max_len):
             r.episode.finish()
@@ -90,11 +99,17 @@ def run_episodes(sampler: Sampler, params, starts: Sequence[Start], codec: TurnC
                                 max_new_tokens=min(turn_tokens, max_len - len(r.context))) for r in owners]
         if not contexts:
             break
+        if first:
+            out, live = sampler.generate_live(contexts, live_len=max_len, seed=seed, cfg=turn_cfg, store=store)
+        else:
+            out, live = sampler.extend_live(live, [r.row for r in owners], contexts, seed=seed, cfg=turn_cfg)
         first = False
-        out = sampler.generate(contexts, seed=seed, params=params, cfg=turn_cfg)
         # Rows come back grouped by context in input order, samples in index order: owners' order.
         for row, r in enumerate(owners):
+            r.row = row
             _apply(r, out.completion(row), codec)
+    if own_store:
+        store.release()
     return [r for rs in rollouts for r in rs]
 
 

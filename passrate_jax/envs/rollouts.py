@@ -23,7 +23,7 @@ from passrate_jax.envs import data as env_data
 from passrate_jax.envs.base import Environment, EnvTask
 from passrate_jax.envs.episodes import Rollout, Start, run_episodes
 from passrate_jax.envs.replay import Turn, TurnCodec, cut_turns, replay, trajectory_tokens, turn_ids
-from passrate_jax.rollouts import WIDTH_BUCKETS, pack_rows
+from passrate_jax.rollouts import WIDTH_BUCKETS, StepKV, pack_rows
 from passrate_jax.sampling.sampler import Sampler
 
 
@@ -40,7 +40,7 @@ class EnvGroup:
     rewards: dict[int, float] = dataclasses.field(default_factory=dict)
 
 
-class EnvRollouts:
+class EnvRollouts(StepKV):
     """The environment backend. ``task(i)`` / ``prompt_ids(i)``: prompt i's task and token ids (with
     BOS). ``max_turns``: the turn limit; ``max_len``: the most tokens a context may hold;
     ``turn_tokens``: the budget of one assistant turn; ``success_threshold``: an episode whose reward is at
@@ -88,9 +88,10 @@ class EnvRollouts:
         return None
 
     def generate(self, starts: Sequence[Start], params, seed: int) -> list[list[Rollout]]:
-        """Every start's episodes, turn by turn (``passrate_jax.envs.episodes.run_episodes``)."""
+        """Every start's episodes, turn by turn (``passrate_jax.envs.episodes.run_episodes``): the starts
+        from the step's prefix store, every later turn appended to its episode's live cache."""
         flat = run_episodes(self.sampler, params, starts, self.codec, seed=seed, turn_tokens=self.turn_tokens,
-                            max_len=self.max_len)
+                            max_len=self.max_len, store=self.step_store(params))
         bounds = np.cumsum([0] + [s.num_samples for s in starts])
         return [flat[lo:hi] for lo, hi in zip(bounds[:-1], bounds[1:])]
 

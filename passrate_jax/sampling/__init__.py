@@ -1,6 +1,7 @@
 """Rollout sampling: static-shape KV cache, one prefill per distinct context, jitted and sharded.
 
-Host API: :class:`Sampler`, :class:`Context`, :class:`SampleResult`, :func:`training_rows`.
+Host API: :class:`Sampler`, :class:`Context`, :class:`SampleResult`, :func:`training_rows`; KV reuse
+across calls: :class:`PrefixStore` (a step's prefilled contexts) and :class:`LiveRows` (episodes' caches).
 Functional core (no jit inside): :mod:`passrate_jax.sampling.core` (``prefill``, ``decode``) and
 :mod:`passrate_jax.sampling.distributions` (``filter_logits``, ``sample_tokens``).
 """
@@ -12,7 +13,7 @@ from passrate_jax.sampling.config import SamplingConfig
 # passrate_jax.config imports sampling.config while the sampler imports passrate_jax.config (via
 # sharding): the heavy names load on first use so that importing the config tree stays acyclic.
 _LAZY = {"Sampler": "sampler", "Context": "sampler", "SampleResult": "sampler", "training_rows": "sampler",
-         "bucket": "sampler", "filter_logits": "distributions", "sample_tokens": "distributions"}
+         "bucket": "sampler", "PrefixStore": "prefix_store", "LiveRows": "prefix_store", "filter_logits": "distributions", "sample_tokens": "distributions"}
 
 
 def __getattr__(name):

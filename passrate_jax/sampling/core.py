@@ -5,6 +5,11 @@ buffer length, ``S = T + G`` cache slots, ``V`` vocabulary.
 
 * :func:`prefill` runs each distinct context once (right-padded, positions ``0..len-1``) and returns the
   logits of its last real token and its KV cache.
+* :func:`store_prefill` prefills new contexts into given rows of a prefix store (a :class:`PrefillOutput`
+  kept for a whole step, so later rounds continue a context without computing its KV again), growing
+  the store first when it is too small.
+* :func:`append` continues live rows (decode caches kept from an earlier call): it gathers each new
+  context's parent row and runs only the appended tokens (an environment's observation) through the model.
 * :func:`decode` gathers each row's context cache (rows of one context share one prefill), draws the
   first token from the prefill logits, then runs a ``lax.while_loop`` of one-token steps that exits as
   soon as every row has stopped or spent its budget.
@@ -31,12 +36,18 @@ class DecodeSettings:
 
     pad_id: id written after a row has finished.
     gen_len: G, the output buffer length (a generation bucket, >= every row's budget).
+    context_len: cache slots taken from the prefill cache (0: all of them); a prefix store's capacity
+      may exceed the contexts of one call.
+    cache_len: S, cache slots of the decode rows (0: ``context_len``, for a prefill cache sized with room
+      for G); the slots past ``context_len`` start empty. A live row that later calls extend keeps its S.
     """
     temperature: float
     top_k: int
     top_p: float
     pad_id: int
     gen_len: int
+    context_len: int = 0
+    cache_len: int = 0
 
 
 @struct.dataclass
@@ -127,6 +138,46 @@ def prefill(params: nnx.State, tokens_ct: jax.Array, length_c: jax.Array, *, gra
     return PrefillOutput(last_logits_cv=last_logits_cv, cache=cache)
 
 
+def store_prefill(params: nnx.State, store: PrefillOutput, tokens_ct: jax.Array, length_c: jax.Array,
+                  slot_c: jax.Array, *, graphdef: nnx.GraphDef, model_cfg: ModelConfig, capacity: tuple[int, int],
+                  layout: Layout | None = None) -> PrefillOutput:
+    """Prefill ``C`` new contexts of ``T`` tokens into rows ``slot_c`` of ``store``, returned with
+    ``capacity = (contexts, slots)`` (the store's own or larger: it is padded with empty rows and slots
+    first, so growing costs no program of its own). A padding context carries an out-of-range slot and
+    is dropped."""
+    c, t = store.cache.k.shape[1:3]
+    pad = ((0, 0), (0, capacity[0] - c), (0, capacity[1] - t), (0, 0), (0, 0))
+    new = prefill(params, tokens_ct, length_c, graphdef=graphdef, model_cfg=model_cfg,
+                  cache_len=tokens_ct.shape[1], layout=layout)
+    t = tokens_ct.shape[1]
+    put = lambda old, x: jnp.pad(old, pad).at[:, slot_c, :t].set(x.astype(old.dtype), mode="drop")  # noqa: E731
+    logits = jnp.pad(store.last_logits_cv, ((0, capacity[0] - c), (0, 0)))
+    return PrefillOutput(last_logits_cv=logits.at[slot_c].set(new.last_logits_cv, mode="drop"),
+                         cache=KVCache(k=put(store.cache.k, new.cache.k), v=put(store.cache.v, new.cache.v)))
+
+
+def append(params: nnx.State, live: KVCache, parent_c: jax.Array, tokens_ca: jax.Array, start_c: jax.Array,
+           length_c: jax.Array, *, graphdef: nnx.GraphDef, layout: Layout | None = None) -> PrefillOutput:
+    """Extend live rows by appended tokens, without recomputing what their cache already holds.
+
+    Args:
+      live: decode caches [layers, R, S, ...] of an earlier call (slot == position).
+      parent_c: int32 [C] the live row each new context extends (rows may be repeated or dropped).
+      tokens_ca: int32 [C, A] right-padded appended ids, written at positions ``start_c + j``.
+      start_c: int32 [C] the first appended position (slots from it on are overwritten; slots before it
+        must hold the context's keys and values).
+      length_c: int32 [C] real appended tokens (0 for padding contexts).
+    Returns the logits after each context's last appended token and the extended caches [layers, C, S, ...].
+    """
+    model = nnx.merge(graphdef, params)
+    cache = KVCache(k=jnp.take(live.k, parent_c, axis=1), v=jnp.take(live.v, parent_c, axis=1))
+    positions = start_c[:, None] + jnp.arange(tokens_ca.shape[1], dtype=jnp.int32)[None, :]
+    real = jnp.arange(tokens_ca.shape[1])[None, :] < length_c[:, None]
+    logits, cache = model(tokens_ca, positions, real, cache=cache, logits_at_b=jnp.maximum(length_c - 1, 0),
+                          layout=layout)
+    return PrefillOutput(last_logits_cv=logits, cache=cache)
+
+
 def _record(state: SamplingState, token_r, sample_lp_r, policy_lp_r, settings: DecodeSettings,
             stop_ids: jax.Array) -> SamplingState:
     """Write the tokens drawn at ``state.step`` for rows still running and update the finish flags."""
@@ -168,9 +219,13 @@ def decode(params: nnx.State, prefilled: PrefillOutput, rows: RowSpec, seed: jax
     """
     g = settings.gen_len
     r = rows.context_row_r.shape[0]
-    cache = prefilled.cache
-    cache = cache.replace(k=jnp.take(cache.k, rows.context_row_r, axis=1),
-                          v=jnp.take(cache.v, rows.context_row_r, axis=1))
+    t = settings.context_len or prefilled.cache.k.shape[2]
+    pad = ((0, 0), (0, 0), (0, (settings.cache_len or t) - t), (0, 0), (0, 0))
+
+    def rows_of(x):  # each row's context slots, then empty slots for what it generates
+        return jnp.pad(jnp.take(x, rows.context_row_r, axis=1)[:, :, :t], pad)
+
+    cache = KVCache(k=rows_of(prefilled.cache.k), v=rows_of(prefilled.cache.v))
     state = SamplingState(
         step=jnp.zeros((), jnp.int32),
         last_token_r=jnp.full((r,), settings.pad_id, jnp.int32),

@@ -1,0 +1,138 @@
+"""KV reuse across sampler calls: a step's prefix store and live rows give the same tokens as
+prefilling every context again, greedy and sampled with the same key, and compute each context's KV once.
+"""
+
+import numpy as np
+import pytest
+
+from passrate_jax.sampling import Context, Sampler, SamplingConfig
+from test_sampling import EOS, tiny_model
+
+# Small buckets so that a store grows in both contexts and slots within one test.
+BUCKETS = dict(row_buckets=(8, 16), context_buckets=(16, 32, 64), prefill_row_buckets=(2, 4, 8),
+               generation_buckets=(8,), max_new_tokens=8)
+CFGS = {"greedy": SamplingConfig(temperature=0.0, **BUCKETS),
+        "sampled": SamplingConfig(temperature=0.8, top_k=30, **BUCKETS)}
+RNG = np.random.default_rng(1)
+PROMPTS = [RNG.integers(3, 64, n).tolist() for n in (5, 12, 9, 20)]
+
+
+@pytest.fixture(scope="module")
+def sampler():
+    return Sampler(tiny_model(), CFGS["sampled"], eos_id=EOS)
+
+
+def assert_same_rows(a, b):
+    np.testing.assert_array_equal(a.tokens, b.tokens)
+    np.testing.assert_array_equal(a.lengths, b.lengths)
+    np.testing.assert_allclose(a.policy_logprobs, b.policy_logprobs, atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["greedy", "sampled"])
+def test_store_rounds_equal_reprefilling(sampler, mode):
+    cfg = CFGS[mode]
+    # SARA-like rounds: a probe of 2, then the continuation (samples 2..5) of two contexts plus new ones,
+    # the last longer than any before (the store grows in contexts and in slots).
+    rounds = [[Context(PROMPTS[0], num_samples=2, context_id=10), Context(PROMPTS[1], num_samples=2, context_id=11)],
+              [Context(PROMPTS[1], num_samples=4, context_id=11, first_sample_index=2),
+               Context(PROMPTS[2], num_samples=2, context_id=12),
+               Context(PROMPTS[0], num_samples=4, context_id=10, first_sample_index=2)],
+              [Context(PROMPTS[3], prefix_ids=PROMPTS[1], num_samples=3, context_id=13),
+               Context(PROMPTS[2], num_samples=1, context_id=12, first_sample_index=2)]]
+    store = sampler.kv_store()
+    calls = sampler.prefill_calls
+    fresh = sampler.store_capacity == (0, 0)  # the module's first store starts empty, then grows
+    capacities = []
+    for contexts in rounds:
+        reused = sampler.generate(contexts, seed=7, cfg=cfg, store=store)
+        assert_same_rows(reused, sampler.generate(contexts, seed=7, cfg=cfg))
+        capacities.append(store.capacity)
+    distinct = [PROMPTS[0], PROMPTS[1], PROMPTS[2], PROMPTS[3] + PROMPTS[1]]
+    assert store.prefilled == 4 and store.prefill_tokens == sum(map(len, distinct))
+    assert store.context_tokens == sum(map(len, distinct))
+    # prefilling every call in full (no reuse) computes each context once per round it appears in
+    assert store.unshared_tokens == sum(len(c.ids) for contexts in rounds for c in contexts)
+    assert capacities[-1] == sampler.store_capacity == (4, 32)
+    if fresh:
+        assert capacities[0][0] < capacities[1][0] and capacities[1][1] < capacities[2][1]
+    # the store prefilled 4 contexts, the three re-prefilling calls 2 + 3 + 2
+    assert sampler.prefill_calls - calls == 4 + 7
+    with pytest.raises(ValueError, match="not both"):
+        sampler.generate(rounds[0], params=sampler.params, store=store)
+
+
+def test_next_step_store_compiles_nothing_new(sampler):
+    contexts = [Context(PROMPTS[0], num_samples=2, context_id=10), Context(PROMPTS[3], num_samples=2)]
+    first = sampler.kv_store()
+    sampler.generate(contexts, seed=1, store=first)
+    capacity = first.capacity
+    first.release()
+    before = sampler.compilations
+    second = sampler.kv_store()  # starts at the first store's capacity: same programs
+    sampler.generate(contexts, seed=2, store=second)
+    sampler.generate(contexts[:1], seed=3, store=second)
+    assert sampler.compilations == before and second.capacity == capacity != (0, 0)
+
+
+@pytest.mark.parametrize("mode", ["greedy", "sampled"])
+def test_live_turns_equal_reprefilling_the_conversation(sampler, mode):
+    cfg = CFGS[mode]
+    store = sampler.kv_store()
+    starts = [Context(PROMPTS[0], num_samples=3, context_id=20), Context(PROMPTS[2], num_samples=2, context_id=21)]
+    out, live = sampler.generate_live(starts, live_len=64, seed=4, cfg=cfg, store=store)
+    assert_same_rows(out, sampler.generate(starts, seed=4, cfg=cfg))
+    appended_before, context_before = store.prefill_tokens, store.context_tokens
+    unshared_before = store.unshared_tokens
+    rows = list(range(len(out.lengths)))
+    for turn in range(2):
+        # An observation per surviving row (rows 1 and 3 end after the first turn), then the next turn
+        # from the whole conversation, with a turn-specific context id per row.
+        parents = rows[::2] if turn == 0 else rows
+        contexts = [Context(live.tokens[p] + tuple(RNG.integers(3, 64, 3 + p).tolist()), num_samples=1,
+                            context_id=100 * turn + p, max_new_tokens=6) for p in parents]
+        out, new_live = sampler.extend_live(live, parents, contexts, seed=4, cfg=cfg)
+        assert_same_rows(out, sampler.generate(contexts, seed=4, cfg=cfg))
+        # Only the appended tokens ran: each observation plus the row's last generated token.
+        assert store.prefill_tokens - appended_before == sum(len(c.ids) - live.valid[p]
+                                                             for p, c in zip(parents, contexts))
+        assert all(len(c.ids) - live.valid[p] == 4 + p for p, c in zip(parents, contexts))
+        # Each context adds its row's action and observation to the row's context.
+        assert store.context_tokens - context_before == sum(len(c.ids) - live.context_len[p]
+                                                            for p, c in zip(parents, contexts))
+        assert store.unshared_tokens - unshared_before == sum(len(c.ids) for c in contexts)
+        appended_before, context_before = store.prefill_tokens, store.context_tokens
+        unshared_before = store.unshared_tokens
+        live, rows = new_live, list(range(len(parents)))
+    with pytest.raises(ValueError, match="do not extend live row 0"):
+        sampler.extend_live(live, [0], [Context((1,) + live.tokens[0])], cfg=cfg)
+    with pytest.raises(ValueError, match="the live rows' slots = 64"):
+        sampler.extend_live(live, [0], [Context(live.tokens[0] + (5,), max_new_tokens=64)], cfg=cfg)
+    with pytest.raises(ValueError, match="live_len = 16"):
+        sampler.generate_live([Context(PROMPTS[3], max_new_tokens=8)], live_len=16, cfg=cfg)
+
+
+def test_equal_turns_share_one_append(sampler):
+    store = sampler.kv_store()
+    _, live = sampler.generate_live([Context(PROMPTS[1], num_samples=2, context_id=30)], live_len=48,
+                                    cfg=CFGS["greedy"], store=store)
+    assert live.tokens[0] == live.tokens[1]  # greedy: both rows took the same turn
+    before, contexts_before = store.prefill_tokens, store.context_tokens
+    contexts = [Context(live.tokens[0] + (7, 8, 9), context_id=40 + p, max_new_tokens=6) for p in (0, 1)]
+    out, _ = sampler.extend_live(live, [0, 1], contexts, seed=2, cfg=CFGS["sampled"])
+    assert store.prefill_tokens - before == 1 + 3  # one append: the last action token and the observation
+    assert store.context_tokens - contexts_before == len(contexts[0].ids) - len(PROMPTS[1])
+    assert_same_rows(out, sampler.generate(contexts, seed=2, cfg=CFGS["sampled"]))
+    assert out.completion(0) != out.completion(1)  # each row still draws with its own context id
+
+
+def test_rows_are_recycled_least_recently_used_first(sampler):
+    cfg = CFGS["sampled"]
+    store = sampler.kv_store()
+    a, b, c, d, e = (Context(PROMPTS[i % 4][: 4 + i], num_samples=2, context_id=50 + i) for i in range(5))
+    for call in ([a, b], [c, d], [e]):
+        sampler.generate(call, seed=3, cfg=cfg, store=store)
+    # a's row was recycled (it was least recently used): it is prefilled again, with the same tokens.
+    assert store.lookup(a.ids) is None and store.prefilled == 5
+    assert_same_rows(sampler.generate([a, e], seed=3, cfg=cfg, store=store), sampler.generate([a, e], seed=3, cfg=cfg))
+    assert store.prefilled == 6 and store.capacity[0] <= 4  # one call's contexts, not the step's five
+    assert store.context_tokens == sum(len(x.ids) for x in (a, b, c, d, e))  # a counted once as a context
