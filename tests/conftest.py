@@ -68,6 +68,17 @@ def torch_logits(model, tokens_bt, positions_bt=None, attention_mask_bt=None) ->
     return out.logits.float().numpy()
 
 
+def saved_params(run_dir, step: int) -> list[np.ndarray]:
+    """The parameter leaves of ``run_dir``'s checkpoint ``step``, which must be its latest."""
+    from passrate_jax.checkpoint import RunCheckpointer
+
+    ckpt = RunCheckpointer(run_dir)
+    assert ckpt.latest_step() == step
+    state, _ = ckpt.restore_saved(step)
+    ckpt.close()
+    return [np.asarray(x) for x in jax.tree.leaves(state["params"])]
+
+
 @functools.partial(jax.jit, static_argnums=0)
 def _jit_forward(graphdef, state, tokens, positions, mask):
     return nnx.merge(graphdef, state)(tokens, positions, mask)

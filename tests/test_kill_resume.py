@@ -17,11 +17,11 @@ import subprocess
 import sys
 import time
 
-import jax
 import numpy as np
 
 from passrate_jax.checkpoint import RunCheckpointer
 from passrate_jax.metrics import read_jsonl
+from tests.conftest import saved_params
 from tests.test_train_e2e import TINY, _comparable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -81,14 +81,6 @@ def _latest_checkpoint(run_dir):
         ckpt.close()
 
 
-def _final_params(run_dir):
-    ckpt = RunCheckpointer(run_dir)
-    assert ckpt.latest_step() == STEPS
-    state, _ = ckpt.restore_saved(STEPS)
-    ckpt.close()
-    return [np.asarray(x) for x in jax.tree.leaves(state["params"])]
-
-
 def test_kill_9_at_three_moments_then_resume_equals_uninterrupted_run(tmp_path):
     env = _env(tmp_path / "jax_cache")
     full, cut = tmp_path / "full", tmp_path / "cut"
@@ -112,5 +104,5 @@ def test_kill_9_at_three_moments_then_resume_equals_uninterrupted_run(tmp_path):
     assert [r["step"] for r in b] == list(range(STEPS + 1))  # nothing duplicated, nothing missing
     assert _comparable(a) == _comparable(b)
     assert sum(r.get("groups_trained", 0) > 0 for r in a) >= 2  # the compared steps did update the model
-    for x, y in zip(_final_params(full), _final_params(cut)):
+    for x, y in zip(saved_params(full, STEPS), saved_params(cut, STEPS)):
         np.testing.assert_array_equal(x, y)

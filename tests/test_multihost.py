@@ -23,8 +23,8 @@ import jax
 import numpy as np
 import pytest
 
-from passrate_jax.checkpoint import RunCheckpointer
 from passrate_jax.metrics import read_jsonl
+from tests.conftest import saved_params
 from tests.test_train_e2e import TINY, _comparable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -61,14 +61,6 @@ def _env(devices: int, cache_dir) -> dict:
                JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
     env.pop(("PASSRATE_JAX_DISTRIBUTED"), None)
     return env
-
-
-def _params(run_dir):
-    ckpt = RunCheckpointer(run_dir)
-    assert ckpt.latest_step() == STEPS
-    state, _ = ckpt.restore_saved(STEPS)
-    ckpt.close()
-    return [np.asarray(x) for x in jax.tree.leaves(state["params"])]
 
 
 def _steps_written(run_dir):
@@ -140,7 +132,7 @@ def test_two_processes_warm_start_kill_and_resume_train_like_one(tmp_path):
     assert [r["step"] for r in b] == list(range(STEPS + 1))  # written once, by process 0, none twice
     assert _comparable(a) == _comparable(b)
     assert sum(r.get("groups_trained", 0) > 0 for r in a) >= 2  # the compared steps did update the model
-    for x, y in zip(_params(two_devices), _params(multi), strict=True):
+    for x, y in zip(saved_params(two_devices, STEPS), saved_params(multi, STEPS), strict=True):
         np.testing.assert_array_equal(x, y)
 
     c = _comparable(read_jsonl(one_device / "metrics.jsonl"))
@@ -152,7 +144,7 @@ def test_two_processes_warm_start_kill_and_resume_train_like_one(tmp_path):
                 np.testing.assert_allclose(multi_record[k], v, rtol=RTOL, atol=ATOL, err_msg=f"step {one['step']} {k}")
             else:
                 assert multi_record[k] == v, f"step {one['step']} {k}: one device {v}, two processes {multi_record[k]}"
-    for x, y in zip(_params(one_device), _params(multi), strict=True):
+    for x, y in zip(saved_params(one_device, STEPS), saved_params(multi, STEPS), strict=True):
         np.testing.assert_allclose(y, x, rtol=0, atol=PARAM_ATOL)
 
 

@@ -17,7 +17,7 @@ import numpy as np
 from passrate_jax.config import load_config
 from passrate_jax.metrics import read_jsonl
 from passrate_jax.train import train
-from tests.test_train_hf import CHATML
+from tests.test_train_hf import write_tokenizer
 
 SHORT = ["steps=2", "eval_every=2", "logging.tensorboard=false", "logging.progress_bar=false"]
 
@@ -42,18 +42,8 @@ def _boxed_tokenizer(directory, vocab_size):
     """Word-level tokenizer whose words include whole ``\\boxed{...}`` answers, some of them only
     math-verify can match (``\\sqrt{4}`` against 2, ``50\\%`` against 0.5), so a random model answers
     right now and then and some groups are mixed."""
-    import tokenizers
-
-    words = ["<pad>", "</s>", "<|im_start|>", "<|im_end|>", "user", "assistant", "####"]
-    words += [f"\\boxed{{{d}}}" for d in range(4)] + ["\\boxed{\\sqrt{4}}", "\\boxed{50\\%}", "\\boxed{0.5}"]
-    words += [str(d) for d in range(4)]
-    words += [f"w{i}" for i in range(len(words), vocab_size)]
-    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="w30"))
-    tok.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
-    tok.decoder = tokenizers.decoders.WordPiece(prefix="##")
-    tok.save(str(directory / "tokenizer.json"))
-    (directory / "tokenizer_config.json").write_text(json.dumps(
-        {"eos_token": "</s>", "pad_token": "<pad>", "chat_template": CHATML}))
+    boxed = [f"\\boxed{{{d}}}" for d in range(4)] + ["\\boxed{\\sqrt{4}}", "\\boxed{50\\%}", "\\boxed{0.5}"]
+    write_tokenizer(directory, vocab_size, answer_words=boxed + [str(d) for d in range(4)], unk="w30")
 
 
 def test_qwen3_gsm8k_preset_as_written(hf_checkpoint, tmp_path):

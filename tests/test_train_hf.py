@@ -14,14 +14,15 @@ CHATML = ("{% for m in messages %}<|im_start|> {{ m.role }} {{ m.content }} <|im
           "{% if add_generation_prompt %}<|im_start|> assistant {% endif %}")
 
 
-def write_tokenizer(directory, vocab_size: int) -> list[str]:
-    """Word-level tokenizer over specials, the digits and filler words, with a ChatML-like template."""
+def write_tokenizer(directory, vocab_size: int, answer_words=tuple(str(d) for d in range(10)),
+                    unk: str = "w20") -> list[str]:
+    """Word-level tokenizer over specials, ``answer_words`` (the digits) and filler words, with a
+    ChatML-like template."""
     import tokenizers
 
-    words = ["<pad>", "</s>", "<|im_start|>", "<|im_end|>", "user", "assistant", "####"]
-    words += [str(d) for d in range(10)]
+    words = ["<pad>", "</s>", "<|im_start|>", "<|im_end|>", "user", "assistant", "####", *answer_words]
     words += [f"w{i}" for i in range(len(words), vocab_size)]
-    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="w20"))
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel({w: i for i, w in enumerate(words)}, unk_token=unk))
     tok.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
     tok.decoder = tokenizers.decoders.WordPiece(prefix="##")
     tok.save(str(directory / "tokenizer.json"))
