@@ -1,14 +1,12 @@
 """``passrate-jax study``: its statistics on synthetic runs with known answers (censoring, pairing,
 intervals, verdicts), and a small end-to-end study on the tiny model (the real one is docs/results.md)."""
 
-import dataclasses
 import math
 import os
 
 import numpy as np
 import pytest
 
-from passrate_jax.allocation.config import SaraConfig
 from passrate_jax.config import load_config
 from passrate_jax.configlib import ConfigError
 from passrate_jax.study import make_plan, run_study
@@ -24,14 +22,10 @@ PRESETS = {"grpo": "uniform", "ds": "ds", "ds_ideal": "ds_ideal", "mopps": "mopp
            "sara_fixed": "sara_fixed", "sara_dps": "sara_dps", "pilot_commit": "pilot_commit",
            "ps_adaptive": "ps", "ps_fixed": "ps_fixed", "ps_hard_only": "ps_hard_only", "ps_sara_dps": "ps_sara_dps"}
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-HAS_SARA_MODE = "mode" in {f.name for f in dataclasses.fields(SaraConfig)}
 
 
 @pytest.mark.parametrize("method", list(METHODS))
 def test_study_methods_match_their_presets(method):
-    if method == "sara_fixed" and not HAS_SARA_MODE:
-        pytest.skip("allocation.sara.mode (SARA fill / fixed budget) and configs/sara_fixed.yaml arrive with "
-                    "allocation v2")
     base = os.path.join(ROOT, "configs", "default.yaml")
     ours = load_config(base, [*NEUTRAL, *METHODS[method][1]])
     preset = load_config(os.path.join(ROOT, "configs", f"{PRESETS[method]}.yaml"))
