@@ -23,13 +23,13 @@ import yaml
 from etils import epath
 
 from passrate_jax import distributed
-from passrate_jax.model.lora import has_adapters, reference_params
 from passrate_jax.allocation import Allocator, AllocatorState, state_from_dict, state_to_dict
 from passrate_jax.checkpoint import RunCheckpointer, check_run_dir
 from passrate_jax.config import Config, dump_config
 from passrate_jax.configlib import ConfigError, add_config_arguments, to_dict
 from passrate_jax.loop import collect_rollouts, rollout_metrics
 from passrate_jax.metrics import MetricsWriter, flatten, write_text_atomic
+from passrate_jax.model.lora import has_adapters, reference_params
 from passrate_jax.rl.batch import make_train_batch
 from passrate_jax.rl.optimizer import make_optimizer
 from passrate_jax.rl.train_step import make_train_step, policy_logprobs

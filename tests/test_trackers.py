@@ -13,13 +13,10 @@ from passrate_jax.configlib import ConfigError
 from passrate_jax.metrics import read_jsonl
 from passrate_jax.trackers import scalars
 from passrate_jax.train import train
+from tests.test_train_e2e import TINY as E2E_TINY
 
-TINY = ["model.hidden_size=32", "model.intermediate_size=64", "model.num_layers=1", "model.num_heads=2",
-        "model.num_kv_heads=1", "model.max_position_embeddings=128", "warm_start.enabled=false",
-        "data.train_size=8", "data.eval_size=2", "data.level=1", "sampling.max_new_tokens=8",
-        "sampling.row_buckets=[32]", "sampling.prefill_row_buckets=[16]", "sampling.context_buckets=[16]",
-        "sampling.generation_buckets=[16]", "allocation.num_prompts=2", "allocation.group_size=4",
-        "logging.tensorboard=false", "logging.progress_bar=false", "checkpoint.async_save=false", "eval_every=1"]
+# The end-to-end tests' tiny run, smaller still: fewer prompts and tokens, an evaluation every step.
+TINY = [*E2E_TINY, "data.train_size=8", "data.eval_size=2", "sampling.max_new_tokens=8", "eval_every=1"]
 
 
 def wandb_records(path: str) -> list[bytes]:

@@ -14,7 +14,8 @@ Inside one step (all in one jitted function of ``(params, opt_state, batch, rng)
   4. an update whose loss or gradient is not finite is rejected by ``optax.apply_if_finite``
      (params and optimizer state unchanged) and counted.
 
-``params`` and ``opt_state`` are donated; in/out shardings come from the mesh and the parameters'
+``params`` and ``opt_state`` are donated (with LoRA adapters: the adapters and ``opt_state`` only, so
+the frozen base weights survive the step); in/out shardings come from the mesh and the parameters'
 logical axes (:mod:`passrate_jax.sharding`).
 """
 
