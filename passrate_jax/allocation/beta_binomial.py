@@ -38,13 +38,16 @@ def log_run_probability(m, alpha, beta):
     return betaln(beta + m, alpha) - betaln(beta, alpha)
 
 
-def _log_run_probability_short(m, alpha, beta, max_run: int):
-    """:func:`log_run_probability` for runs of at most ``max_run`` (static): the product itself,
-    sum_{j < min(m, max_run)} log((beta + j) / (alpha + beta + j)). Exact to float rounding and, for a
-    small ``max_run`` such as a group size, far cheaper to compile and run than log-Beta functions."""
-    j = jnp.arange(max_run, dtype=alpha.dtype)
-    terms = jnp.log((beta[..., None] + j) / (alpha[..., None] + beta[..., None] + j))
-    return jnp.sum(jnp.where(j < m[..., None], terms, 0.0), axis=-1)
+def _run_probability_short(m, alpha, beta, max_run: int):
+    """exp(:func:`log_run_probability`) for runs of at most ``max_run`` (static): the product itself,
+    prod_{j < min(m, max_run)} (beta + j) / (alpha + beta + j), unrolled over j. Exact to float
+    rounding and, for a small ``max_run`` such as a group size, far cheaper than log-Beta functions
+    (no transcendental functions and no reduction over a trailing axis: SARA evaluates it for every
+    row of every round)."""
+    p = jnp.ones_like(alpha)
+    for j in range(max_run):
+        p = jnp.where(j < m, p * ((beta + j) / (alpha + beta + j)), p)
+    return p
 
 
 @functools.partial(jax.jit, static_argnames=("max_run",))
@@ -75,8 +78,8 @@ def validity_probability(n, s, group_size, prior_a=1.0, prior_b=1.0, max_run: in
         p_all_succeed = jnp.exp(log_run_probability(m, beta, alpha))
     else:
         alpha, beta, m = jnp.broadcast_arrays(alpha, beta, m)
-        p_all_fail = jnp.exp(_log_run_probability_short(m, alpha, beta, max_run))
-        p_all_succeed = jnp.exp(_log_run_probability_short(m, beta, alpha, max_run))
+        p_all_fail = _run_probability_short(m, alpha, beta, max_run)
+        p_all_succeed = _run_probability_short(m, beta, alpha, max_run)
     # n = 0 makes both indicators true: the group is invalid if all N fail or all N succeed.
     p = 1.0 - jnp.where(s == 0, p_all_fail, 0.0) - jnp.where(s == n, p_all_succeed, 0.0)
     mixed = (s > 0) & (s < n)

@@ -23,8 +23,8 @@ from passrate_jax.allocation.policies import Knobs, Setup, budget_left
 from passrate_jax.allocation.prefix_control import plan_replays, prefix_control_update
 from passrate_jax.allocation.selection import selection_update
 from passrate_jax.allocation.table import (BUFFERED, CONFIRMED, DROPPED, FREE, REJECTED, TRAINED, StepTable, afford,
-                                           draw_thompson, open_fresh, pending, split_rng, successes, table_init,
-                                           take_rows)
+                                           close_rows, draw_thompson, open_fresh, pending, shuffle_available, split_rng,
+                                           successes, table_init, take_rows)
 
 
 def begin_step(setup: Setup, knobs: Knobs, state):
@@ -39,8 +39,9 @@ def begin_step(setup: Setup, knobs: Knobs, state):
     t, q, _, _ = take_rows(t, q, k, q.stamp.astype(jnp.float32), CONFIRMED, lambda n: 0 * n, carried=True)
     t = _complete(setup, knobs, t, pending(t) & t.carried)
     # Opened here, once a step, rather than tested for in every round.
-    return _open_replays(setup, knobs, state.replace(surplus=q), t,
-                         jnp.where(knobs.ps_on & (t.trained < setup.B), setup.replay_slots, 0))
+    state, t = _open_replays(setup, knobs, state.replace(surplus=q), t,
+                             jnp.where(knobs.ps_on & (t.trained < setup.B), setup.replay_slots, 0))
+    return state, shuffle_available(close_rows(t), state.pilot_buffer)
 
 
 def plan_round(setup: Setup, knobs: Knobs, state, t: StepTable):
@@ -105,7 +106,7 @@ def observe_round(setup: Setup, knobs: Knobs, state, t: StepTable, rewards, obse
     completed = fresh & pending(t) & (t.n >= setup.N)
     t = _complete(setup, knobs, t, completed)
     state, t = setup.policy.decide(setup, knobs, state, t, fresh & ~completed, completed)
-    return state, t
+    return state, close_rows(t)
 
 
 def _complete(setup: Setup, knobs: Knobs, t: StepTable, rows):
@@ -129,11 +130,18 @@ def finish_step(setup: Setup, knobs: Knobs, state, t: StepTable):
     # Kept pilots are observed when committed (as one group of N) or, if never committed, when they
     # expire: a pilot is committable for exactly buffer_max_age steps after its own.
     buf, expired = queue_expire(state.pilot_buffer, now + 1, setup.cfg.pilot_commit.buffer_max_age)
+    # The live rows (trained, or unfinished when the step stopped), the closed groups, the expired pilots.
     seen = ((t.bucket < 0) & ~t.carried & (t.n > 0) & (t.status != FREE) & (t.status != REJECTED)
             & (t.status != BUFFERED))
-    selection = selection_update(state.selection, jnp.concatenate([t.prompt, buf.prompt_id]),
-                                 jnp.concatenate([t.n, buf.n]), jnp.concatenate([s, buf.s]),
-                                 jnp.concatenate([seen, expired]), setup.cfg.selection, setup.N)
+    prompts = jnp.arange(t.closed.shape[0], dtype=jnp.int32)
+
+    def update():
+        return selection_update(state.selection, jnp.concatenate([t.prompt, prompts, buf.prompt_id]),
+                                jnp.concatenate([t.n, t.closed_n, buf.n]), jnp.concatenate([s, t.closed_s, buf.s]),
+                                jnp.concatenate([seen, t.closed_seen, expired]), setup.cfg.selection, setup.N)
+    # The models are read only by a selection method (and by SARA's prior under one): without one
+    # they stay at their priors, and a simulated step skips their cost.
+    selection = jax.lax.cond(knobs.selection == 0, lambda: state.selection, update)
     replay_queue, _ = queue_expire(state.replay_queue, now, 0)
     surplus, _ = queue_expire(state.surplus, now, 0)
     control = prefix_control_update(state.prefix_control, t.replay_successes, t.replay_rollouts, setup.ps,
@@ -143,7 +151,7 @@ def finish_step(setup: Setup, knobs: Knobs, state, t: StepTable):
     sources = knobs.ps_on & (t.status == TRAINED) & (t.bucket < 0) & (t.n == setup.N)
     eligible, bucket, src = plan_replays(use, t.rewards.astype(jnp.int32), setup.ps)
     replay_queue = queue_push(replay_queue, t.prompt, t.key, t.n, s, t.rewards, bucket, src, now, sources & eligible)
-    state = state.replace(step=now + 1, next_group_key=t.key_base + t.capacity, evicted=t.evicted,
+    state = state.replace(step=now + 1, next_group_key=t.key_base + t.opened, evicted=t.evicted,
                           selection=selection, pilot_buffer=buf, replay_queue=replay_queue, surplus=surplus,
                           prefix_control=control)
     return state, t

@@ -97,7 +97,7 @@ class Setup:
 
     @property
     def capacity(self) -> int:
-        """Table rows: the most groups one step can open."""
+        """Table rows: the most groups live at once (trained, pending, and opened by one round)."""
         return self.policy.capacity(self) + self.replay_slots
 
     @property
@@ -184,8 +184,8 @@ class DynamicSampling:
         return UNBOUNDED
 
     def capacity(self, setup):
-        ds = setup.cfg.ds
-        return ds.gen_batch_multiple * setup.B * ds.max_gen_batches + setup.B
+        # At most B trained (or carried) plus one generation batch; the rest are closed each round.
+        return setup.B + self.max_open(setup)
 
     def max_rounds(self, cfg):
         return cfg.ds.max_gen_batches
@@ -221,9 +221,9 @@ class Sara:
         return cfg.ds.gen_batch_multiple * cfg.ds.max_gen_batches * full
 
     def capacity(self, setup):
-        first = max(min(setup.cfg.sara.round_schedule[0], setup.N), 1)
-        by_rounds = setup.B * setup.cfg.sara.max_rounds
-        return min(setup.num_prompts, setup.max_budget // first, by_rounds)
+        # Trained plus pending groups never exceed B (a round opens only the missing ones); one round's
+        # openings on top, and abandoned probes are closed each round.
+        return setup.B + self.max_open(setup)
 
     def max_rounds(self, cfg):
         return cfg.sara.max_rounds
@@ -257,8 +257,8 @@ class PilotCommit:
         return UNBOUNDED
 
     def capacity(self, setup):
-        pcfg = setup.cfg.pilot_commit
-        return pcfg.max_rounds * (pcfg.pilot_pool_ratio + 1) * setup.B
+        # Trained plus committed groups never exceed B; a round's pilots on top (each is closed once decided).
+        return setup.B + self.max_open(setup)
 
     def max_rounds(self, cfg):
         return cfg.pilot_commit.max_rounds

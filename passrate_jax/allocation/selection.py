@@ -88,23 +88,34 @@ def selection_update(state: SelectionState, prompt_ids, n, s, mask, cfg: Selecti
     lam = cfg.mopps_lambda
     new_a = lam * a + (1 - lam) * cfg.mopps_alpha0 + s
     new_b = lam * b + (1 - lam) * cfg.mopps_beta0 + (n - s)
-    trans = state.counts / state.counts.sum(-1, keepdims=True)
+    trans = _row_normalised(state.counts)
     decayed = cfg.dps_lambda * state.counts + (1 - cfg.dps_lambda) * cfg.dps_alpha0
-    propagated = jnp.einsum("pi,pij->pj", state.last, trans)
+    propagated = _sum3(state.last[:, :, None] * trans, axis=1)
     q = observed_state(n, s, group_size, a, b)
     joint = state.last[prompt_ids][:, :, None] * trans[prompt_ids] * q[:, None, :]
-    soft = joint / jnp.maximum(joint.sum((1, 2), keepdims=True), 1e-30)
+    soft = joint / jnp.maximum(_sum3(_sum3(joint, axis=2, keepdims=True), axis=1, keepdims=True), 1e-30)
     return SelectionState(alpha=state.alpha.at[ids].set(new_a, mode="drop"),
                           beta=state.beta.at[ids].set(new_b, mode="drop"),
                           counts=decayed.at[ids].add(soft, mode="drop"),
                           last=propagated.at[ids].set(q, mode="drop"))
 
 
+def _sum3(x, axis: int, keepdims: bool = False):
+    """Sum over an axis of length 3 as two adds (XLA's CPU reduction over a trailing axis of 3, for
+    every prompt of every vmapped lane, was most of a simulated step's end)."""
+    parts = [jax.lax.index_in_dim(x, i, axis, keepdims=keepdims) for i in range(3)]
+    return parts[0] + parts[1] + parts[2]
+
+
+def _row_normalised(counts):
+    """Transition matrices from counts [..., 3, 3]: each row divided by its sum."""
+    return counts / _sum3(counts, axis=-1, keepdims=True)
+
+
 def dps_mixed_probability(state: SelectionState, prompt_ids):
     """DPS prediction: P(next group of the prompt is mixed) = sum_i last_i T_i,mixed, T = row-normalised counts."""
-    counts = state.counts[prompt_ids]
-    trans = counts / counts.sum(-1, keepdims=True)
-    return jnp.einsum("ki,ki->k", state.last[prompt_ids], trans[:, :, MIXED])
+    trans = _row_normalised(state.counts[prompt_ids])
+    return _sum3(state.last[prompt_ids] * trans[:, :, MIXED], axis=1)
 
 
 METHODS = ("none", "mopps", "dps")  # index = the traced method id of the *_by_id functions

@@ -145,12 +145,12 @@ def _step_metrics(t, state, rates):
     trained = t.rank >= 0
     valid = trained & (s > 0) & (s < t.n)
     full = trained & (t.n == n_full)
-    abandoned = t.status == ABANDONED
+    abandoned = t.closed == ABANDONED  # per prompt (closed groups leave the table's rows)
     return {"spent": t.spent, "trained": t.trained, "valid": jnp.sum(valid),
             "useful": jnp.sum(jnp.where(valid, t.n, 0)),
             "hist": jnp.sum(jax.nn.one_hot(s, n_full + 1) * full[:, None], axis=0),
             "abandoned": jnp.sum(abandoned),
-            "abandoned_phi": jnp.sum(jnp.where(abandoned, survival(rates[t.prompt], n_full), 0.0)),
+            "abandoned_phi": jnp.sum(jnp.where(abandoned, survival(rates, n_full), 0.0)),
             "replay_successes": t.replay_successes, "replay_rollouts": t.replay_rollouts,
             "ratio": state.prefix_control.ratio}
 

@@ -79,7 +79,7 @@ class StepRun:
         for g in np.argsort(np.where(t.rank >= 0, t.rank, t.capacity))[:int(t.trained)]:
             rewards = tuple(int(r) for r in t.rewards[g, :t.n[g]])
             groups.append(TrainGroup(int(t.key[g]), int(t.prompt[g]), rewards, _prefix(t, g), bool(0 < s[g] < t.n[g])))
-        abandoned = [(int(t.prompt[g]), int(t.n[g]), int(s[g])) for g in np.nonzero(t.status == ABANDONED)[0]]
+        abandoned = [(int(p), int(t.closed_n[p]), int(t.closed_s[p])) for p in np.nonzero(t.closed == ABANDONED)[0]]
         queues = jax.device_get((state.replay_queue, state.pilot_buffer, state.surplus))
         retained = frozenset(int(k) for q in queues for k in q.group_key[q.valid])
         result = StepResult(groups=groups, rollouts_spent=int(t.spent), rounds=int(t.rounds), abandoned=abandoned,

@@ -4,6 +4,13 @@ A step's rewards live here and nowhere else: the host writes a round's outcomes 
 the policies decide from it, and the groups to train are read from it at the end. Capacity G and
 group size N are static (array shapes), so one jitted round function serves every round of every
 step, and the simulator runs the same functions under ``lax.scan``.
+
+The rows hold only the *live* groups (trained, or still being probed or completed), packed at the
+front in the order they were opened. A group that ends otherwise (abandoned, dropped, buffered as a
+pilot, rejected) is closed: what the end of the step needs from it (its rollouts and successes, for
+the selection models) moves to per-prompt arrays and its row is reused. So G is the most groups live
+at once (about 2B), not the most a step opens (up to the whole dataset in SARA's fill mode), and every
+round's work scales with B.
 """
 
 from __future__ import annotations
@@ -18,8 +25,10 @@ from passrate_jax.allocation.selection import SelectionState, prior_by_id, selec
 
 # Row status. ACTIVE: being probed (SARA) or piloted; CONFIRMED: will be completed to N; TRAINED,
 # DROPPED (complete but saturated or surplus), ABANDONED (given up partial), BUFFERED (a kept pilot
-# waiting in the Pilot-Commit buffer), REJECTED (its outcomes were not an observation).
+# waiting in the Pilot-Commit buffer), REJECTED (its outcomes were not an observation). The last four
+# are closing states: such a row is closed (recorded per prompt, row freed) by :func:`close_rows`.
 FREE, ACTIVE, CONFIRMED, TRAINED, DROPPED, ABANDONED, BUFFERED, REJECTED = range(8)
+CLOSING = (DROPPED, ABANDONED, BUFFERED, REJECTED)
 
 
 @struct.dataclass
@@ -32,9 +41,15 @@ class StepTable:
     re-rollout group, -1 for a fresh group), src_key / src_index / cut / src_success (the replayed
     prefix), pilot (a Pilot-Commit pilot awaiting its verdict), carried (came from the ideal-DS surplus:
     observed at its own step), rank (training order, -1 when not trained).
-    Scalars: count (rows used), key_base (key of row 0), trained, spent (rollouts requested), rounds,
-    done. used / evicted: bool [P]. rng: PRNG key. replay_successes / replay_rollouts: float32 [K].
+    Scalars: count (live rows, packed at the front), opened (groups opened this step: the next new
+    group's key is key_base + opened), trained, spent (rollouts requested), rounds, done.
+    used / evicted: bool [P]. rng: PRNG key. replay_successes / replay_rollouts: float32 [K].
     thompson: float32 [P], the step's MoPPS Thompson draws (zeros under another selection method).
+    order: int32 [P], the prompts available at the start of the step first, in random order; cursor:
+    how many of them selection method none has opened; num_available: how many there are. Closed groups, per prompt (a prompt has at most one row a step, closed once
+    except a pilot buffered and committed in the same step): closed (its closing status, FREE if
+    none), closed_n / closed_s (rollouts, successes), closed_seen (an observation for the selection
+    models: a fresh group of this step that was observed).
     """
     prompt: jax.Array
     key: jax.Array
@@ -54,6 +69,7 @@ class StepTable:
     carried: jax.Array
     rank: jax.Array
     count: jax.Array
+    opened: jax.Array
     key_base: jax.Array
     trained: jax.Array
     spent: jax.Array
@@ -65,6 +81,13 @@ class StepTable:
     replay_successes: jax.Array
     replay_rollouts: jax.Array
     thompson: jax.Array
+    order: jax.Array
+    cursor: jax.Array
+    num_available: jax.Array
+    closed: jax.Array
+    closed_n: jax.Array
+    closed_s: jax.Array
+    closed_seen: jax.Array
 
     @property
     def capacity(self) -> int:
@@ -79,18 +102,63 @@ def table_init(capacity: int, group_size: int, num_buckets: int, key_base, evict
     z = jnp.zeros((), jnp.int32)
     return StepTable(prompt=zi, key=zi, status=zi, n=zi, rewards=jnp.zeros((capacity, group_size), jnp.int8),
                      chunk=zi, probes=zi, prior_a=zf + 1, prior_b=zf + 1, bucket=zi - 1, src_key=zi,
-                     src_index=zi, cut=zf, src_success=zb, pilot=zb, carried=zb, rank=zi - 1, count=z,
+                     src_index=zi, cut=zf, src_success=zb, pilot=zb, carried=zb, rank=zi - 1, count=z, opened=z,
                      key_base=jnp.asarray(key_base, jnp.int32), trained=z, spent=z, rounds=z,
                      done=jnp.zeros((), bool), used=jnp.zeros_like(evicted), evicted=evicted, rng=rng,
                      replay_successes=jnp.zeros((num_buckets,), jnp.float32),
                      replay_rollouts=jnp.zeros((num_buckets,), jnp.float32),
-                     thompson=jnp.zeros(evicted.shape, jnp.float32))
+                     thompson=jnp.zeros(evicted.shape, jnp.float32), order=jnp.zeros(evicted.shape, jnp.int32),
+                     cursor=z, num_available=z,
+                     closed=jnp.zeros(evicted.shape, jnp.int32), closed_n=jnp.zeros(evicted.shape, jnp.int32),
+                     closed_s=jnp.zeros(evicted.shape, jnp.int32), closed_seen=jnp.zeros_like(evicted))
+
+
+ROW_FIELDS = ("prompt", "key", "status", "n", "rewards", "chunk", "probes", "prior_a", "prior_b", "bucket", "src_key",
+              "src_index", "cut", "src_success", "pilot", "carried", "rank")
 
 
 def draw_thompson(t: StepTable, selection: SelectionState, method) -> StepTable:
     """The step's MoPPS Thompson draws, once, for every round's :func:`open_fresh`."""
     t, use = split_rng(t)
     return t.replace(thompson=thompson_draws(selection, use, method))
+
+
+def shuffle_available(t: StepTable, pilot_buffer: GroupQueue) -> StepTable:
+    """The prompts available to :func:`open_fresh` in a random order, drawn once a step (call it after
+    the step's carried and replayed groups are opened). Within the step a prompt stops being available
+    only when a round opens it, so selection method none takes the next ones in this order: sampling
+    without replacement, as a fresh draw every round would be, without a pass over the dataset."""
+    avail = _available(t, pilot_buffer)
+    num = avail.shape[0]
+    candidate = random_permutation(jax.random.fold_in(t.rng, 1), num)
+    ok = (candidate < num) & avail[jnp.minimum(candidate, num - 1)]
+    order = jnp.zeros((num,), jnp.int32).at[jnp.where(ok, jnp.cumsum(ok) - 1, num)].set(candidate, mode="drop")
+    return t.replace(order=order, cursor=jnp.zeros((), jnp.int32), num_available=jnp.sum(ok).astype(jnp.int32))
+
+
+def random_permutation(key, num: int, rounds: int = 4):
+    """A keyed pseudo-random permutation of 0 .. D - 1 (D the power of 4 >= ``num``), int32 [D]: a
+    ``rounds``-round Feistel network over the index bits, computed elementwise. Used instead of
+    ``jax.random.permutation`` where a sort per call is the cost that matters (XLA's CPU sort of 512
+    keys in each of 500 vmapped lanes took longer than a whole SARA round); values >= ``num`` are for
+    the caller to skip."""
+    half = max(1, (max(num - 1, 1).bit_length() + 1) // 2)
+    mask = jnp.uint32((1 << half) - 1)
+    keys = jax.random.bits(key, (rounds,), jnp.uint32)
+    x = jnp.arange(1 << (2 * half), dtype=jnp.uint32)
+    left, right = x >> half, x & mask
+    for r in range(rounds):
+        left, right = right, left ^ (_mix32(right ^ keys[r]) & mask)
+    return ((left << half) | right).astype(jnp.int32)
+
+
+def _mix32(x):
+    """A 32-bit integer hash (the "lowbias32" xor-shift-multiply finaliser)."""
+    x = x ^ (x >> 16)
+    x = x * jnp.uint32(0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = x * jnp.uint32(0x846CA68B)
+    return x ^ (x >> 16)
 
 
 def successes(t: StepTable):
@@ -119,15 +187,16 @@ def open_rows(t: StepTable, ok, prompt, status, chunk, **fields) -> StepTable:
     """Append the K candidate rows with ``ok`` True (bool [K]) after the used rows, in order.
 
     ``prompt``, ``chunk`` and any of the row fields in ``fields`` are [K] arrays or scalars; ``key``
-    defaults to a new key (key_base + row). Rows past capacity are dropped (capacities are sized so
-    that this never happens). Marks the prompts used for this step.
+    defaults to a new key (key_base + the group's opening index this step). Rows past capacity are
+    dropped (capacities are sized so that this never happens). Marks the prompts used for this step.
     """
     g = t.capacity
-    pos = t.count + jnp.cumsum(ok) - 1
+    rank = jnp.cumsum(ok) - 1
+    pos = t.count + rank
     idx = jnp.where(ok & (pos < g), pos, g)
     k = ok.shape[0]
-    fields = {"prompt": prompt, "status": status, "chunk": chunk, "key": fields.pop("key", t.key_base + idx),
-              **fields}
+    fields = {"prompt": prompt, "status": status, "chunk": chunk,
+              "key": fields.pop("key", t.key_base + t.opened + rank), **fields}
     updates = {}
     for name, value in fields.items():
         column = getattr(t, name)
@@ -135,21 +204,62 @@ def open_rows(t: StepTable, ok, prompt, status, chunk, **fields) -> StepTable:
         updates[name] = column.at[idx].set(value, mode="drop")
     opened = jnp.sum(ok & (pos < g)).astype(jnp.int32)
     used = t.used.at[jnp.where(ok, prompt, t.used.shape[0])].set(True, mode="drop")
-    return t.replace(**updates, count=t.count + opened, used=used)
+    return t.replace(**updates, count=t.count + opened, opened=t.opened + opened, used=used)
+
+
+def close_rows(t: StepTable) -> StepTable:
+    """Close the rows in a closing state: record each one's rollouts and successes under its prompt,
+    then pack the live rows at the front (keeping their order) and free the rest."""
+    closing = jnp.isin(t.status, jnp.asarray(CLOSING))
+    seen = closing & (t.bucket < 0) & ~t.carried & (t.n > 0) & (t.status != BUFFERED) & (t.status != REJECTED)
+    at = jnp.where(closing, t.prompt, t.closed.shape[0])
+    record = {"closed": t.status, "closed_n": t.n, "closed_s": successes(t), "closed_seen": seen}
+    t = t.replace(**{name: getattr(t, name).at[at].set(value, mode="drop") for name, value in record.items()})
+    return _pack(t, (t.status != FREE) & ~closing)
+
+
+def _pack(t: StepTable, keep) -> StepTable:
+    """Rows with ``keep`` moved to the front in order; the other rows reset to empty."""
+    g = t.capacity
+    src = jnp.full((g,), g, jnp.int32).at[jnp.where(keep, jnp.cumsum(keep) - 1, g)].set(
+        jnp.arange(g, dtype=jnp.int32), mode="drop")
+    filled = src < g
+    empty = table_init(g, t.rewards.shape[1], 1, 0, t.used, t.rng)
+    rows = {}
+    for name in ROW_FIELDS:
+        column, blank = getattr(t, name), getattr(empty, name)
+        mask = filled.reshape((g,) + (1,) * (column.ndim - 1))
+        rows[name] = jnp.where(mask, column[jnp.minimum(src, g - 1)], blank)
+    return t.replace(**rows, count=jnp.sum(keep).astype(jnp.int32))
 
 
 def open_fresh(t: StepTable, selection: SelectionState, pilot_buffer: GroupQueue, cfg: AllocationConfig, method,
                k, k_max: int, status, chunk, **fields) -> StepTable:
     """Open up to ``k`` (traced, <= static ``k_max``) groups on prompts the selection method ``method``
     (an index into ``selection.METHODS``, may be traced) chooses among those not used this step, not
-    evicted and not waiting in the pilot buffer."""
-    buffered = pilot_buffer.prompt_id
-    avail = ~t.evicted & ~t.used
-    avail = avail.at[jnp.where(pilot_buffer.valid, buffered, avail.shape[0])].set(False, mode="drop")
+    evicted and not waiting in the pilot buffer: the next ones of the step's random order
+    (:func:`shuffle_available`) under method none, else by :func:`~.selection.select_by_id`."""
     t, use = split_rng(t)
-    ids, ok = select_by_id(selection, use, avail, k, k_max, cfg.selection, method, t.thompson)
+
+    def in_order():
+        at = t.cursor + jnp.arange(k_max)
+        return t.order[jnp.minimum(at, t.order.shape[0] - 1)], (jnp.arange(k_max) < k) & (at < t.num_available)
+
+    def by_score():
+        return select_by_id(selection, use, _available(t, pilot_buffer), k, k_max, cfg.selection, method, t.thompson)
+    if isinstance(method, int):
+        ids, ok = in_order() if method == 0 else by_score()
+    else:
+        ids, ok = jax.lax.cond(method == 0, in_order, by_score)
     pa, pb = prior_by_id(selection, ids, method, cfg.sara.prior_a, cfg.sara.prior_b)
+    t = t.replace(cursor=t.cursor + jnp.sum(ok).astype(jnp.int32))
     return open_rows(t, ok, ids, status, chunk, prior_a=pa, prior_b=pb, **fields)
+
+
+def _available(t: StepTable, pilot_buffer: GroupQueue):
+    """Prompts not used this step, not evicted, not waiting in the pilot buffer: bool [P]."""
+    avail = ~t.evicted & ~t.used
+    return avail.at[jnp.where(pilot_buffer.valid, pilot_buffer.prompt_id, avail.shape[0])].set(False, mode="drop")
 
 
 def take_rows(t: StepTable, q: GroupQueue, k, priority, status, chunk_of, **fields):
