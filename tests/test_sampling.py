@@ -88,15 +88,17 @@ def test_greedy_equals_stepwise_argmax_of_full_forward(setup):
     np.testing.assert_allclose(result.logprobs, 0.0)  # greedy: a point mass
 
 
-def test_logprobs_equal_teacher_forced_forward(setup):
+@pytest.mark.parametrize("cfg", [SAMPLE, SamplingConfig(temperature=1.0, **BUCKETS)], ids=["filtered", "unfiltered"])
+def test_logprobs_equal_teacher_forced_forward(setup, cfg):
     sampler, forward = setup
-    result = sampler.generate(CONTEXTS, cfg=SAMPLE, seed=3)
+    result = sampler.generate(CONTEXTS, cfg=cfg, seed=3)
     seqs = [list(CONTEXTS[c].ids) + result.completion(i) for i, c in enumerate(result.context_index)]
     logits = teacher_forced(forward, seqs)
     # log-softmax of the raw and of the filtered logits at every position, in one call each
     flat = logits.reshape(-1, logits.shape[-1])
     policy_all = np.asarray(jax.nn.log_softmax(flat)).reshape(logits.shape)
-    filtered = jax.jit(functools.partial(filter_logits, temperature=0.7, top_k=20, top_p=0.9))(flat)
+    filtered = jax.jit(functools.partial(filter_logits, temperature=cfg.temperature, top_k=cfg.top_k,
+                                         top_p=cfg.top_p))(flat)
     sampled_all = np.asarray(jax.nn.log_softmax(filtered)).reshape(logits.shape)
     for i, c in enumerate(result.context_index):
         n_ctx, n = len(CONTEXTS[c].ids), int(result.lengths[i])

@@ -74,6 +74,20 @@ def test_next_step_store_compiles_nothing_new(sampler):
     assert sampler.compilations == before and second.capacity == capacity != (0, 0)
 
 
+def test_later_round_reuses_the_store_filling_prefill_program():
+    """Default prefill buckets: a later round's few new contexts pad to the 16 rows that filled the step's
+    store, so that round compiles no prefill program of its own (one program less in the default run)."""
+    sampler = Sampler(tiny_model(), SamplingConfig(max_new_tokens=8, generation_buckets=(8,), context_buckets=(16,)),
+                      eos_id=EOS)
+    rng = np.random.default_rng(2)
+    prompts = [rng.integers(3, 64, 6).tolist() for _ in range(21)]
+    store = sampler.kv_store()
+    sampler.generate([Context(p, num_samples=4, context_id=i) for i, p in enumerate(prompts[:16])], store=store)
+    assert sampler.compilations == 2 and store.capacity == (16, 16)  # prefill and decode of 64 rows
+    sampler.generate([Context(p, num_samples=4, context_id=16 + i) for i, p in enumerate(prompts[16:])], store=store)
+    assert sampler.compilations == 2 and store.prefilled == 21
+
+
 @pytest.mark.parametrize("mode", ["greedy", "sampled"])
 def test_live_turns_equal_reprefilling_the_conversation(sampler, mode):
     cfg = CFGS[mode]

@@ -22,8 +22,11 @@ class SamplingConfig:
     stop_token_ids: tuple[int, ...] = option((), doc="extra stop ids besides the tokenizer's EOS")
     row_buckets: tuple[int, ...] = option((64, 128, 256), ge=1, doc="batch-row padding buckets")
     context_buckets: tuple[int, ...] = option((32, 64, 128, 256), ge=1, doc="context-length padding buckets")
+    # No bucket below 16: a round that prefills a few new contexts into a store of 16 rows then reuses the
+    # program that filled the store (one compile less in the default run), for a prefill that stays far
+    # smaller than the decode of at least 64 rows it feeds.
     prefill_row_buckets: tuple[int, ...] = option(
-        (8, 16, 32, 64, 128, 256), ge=1, doc="padding buckets for the number of distinct contexts prefilled")
+        (16, 32, 64, 128, 256), ge=1, doc="padding buckets for the number of distinct contexts prefilled")
     generation_buckets: tuple[int, ...] = option(
         (64, 128, 256, 512, 1024, 2048), ge=1, doc="padding buckets for max new tokens (output buffer length)")
 

@@ -82,8 +82,10 @@ def argmax_first(x_rv: jax.Array) -> jax.Array:
     return jnp.min(jnp.where(x_rv == top, iota, x_rv.shape[-1]), axis=-1)
 
 
-def _inverse_cdf(logits_rv: jax.Array, keys_r: jax.Array, block: int = 128) -> jax.Array:
-    """One draw per row from softmax(logits_rv) by inverting its CDF with one uniform per row.
+def _inverse_cdf(logits_rv: jax.Array, keys_r: jax.Array, block: int = 128) -> tuple[jax.Array, jax.Array]:
+    """One draw per row from softmax(logits_rv) by inverting its CDF with one uniform per row; also
+    ``logsumexp(logits_rv)`` per row, from the same pass over the vocabulary (the drawn token's log-prob
+    needs it: a second pass would cost about as much as the draw).
 
     Why not ``jax.random.categorical``: its Gumbel trick draws V random numbers per row per step, which
     on CPU costs more than the model's decode step; here the randomness is one float per row. The CDF is
@@ -93,7 +95,8 @@ def _inverse_cdf(logits_rv: jax.Array, keys_r: jax.Array, block: int = 128) -> j
     r, v = logits_rv.shape
     nb = -(-v // block)
     padded = jnp.pad(logits_rv, ((0, 0), (0, nb * block - v)), constant_values=NEG_INF)
-    p_rbk = jnp.exp(padded - jnp.max(padded, axis=-1, keepdims=True)).reshape(r, nb, block)
+    top_r = jnp.max(padded, axis=-1)
+    p_rbk = jnp.exp(padded - top_r[:, None]).reshape(r, nb, block)
     mass_rb = p_rbk.sum(-1)
     cdf_rb = jnp.cumsum(mass_rb, axis=-1)
     u_r = jax.vmap(jax.random.uniform)(keys_r) * cdf_rb[:, -1]  # in [0, total)
@@ -108,13 +111,14 @@ def _inverse_cdf(logits_rv: jax.Array, keys_r: jax.Array, block: int = 128) -> j
     iota_k = jnp.arange(block)
     last_k = jnp.max(jnp.where(p_rk > 0, iota_k, 0), axis=-1)
     j_r = jnp.min(jnp.where((inner > u_r[:, None]) & (p_rk > 0), iota_k, block), axis=-1)
-    return (b_r * block + jnp.minimum(j_r, last_k)).astype(jnp.int32)
+    return (b_r * block + jnp.minimum(j_r, last_k)).astype(jnp.int32), top_r + jnp.log(cdf_rb[:, -1])
 
 
-def _logprob_of(logits_rv: jax.Array, tokens_r: jax.Array) -> jax.Array:
-    """log softmax(logits)[token] per row, without materialising the [R, V] log-softmax."""
+def _logprob_of(logits_rv: jax.Array, tokens_r: jax.Array, log_norm_r: jax.Array | None = None) -> jax.Array:
+    """log softmax(logits)[token] per row, without materialising the [R, V] log-softmax; ``log_norm_r``:
+    ``logsumexp(logits_rv)`` when already known."""
     picked = jnp.take_along_axis(logits_rv, tokens_r[:, None], axis=-1)[:, 0]
-    return picked - jax.nn.logsumexp(logits_rv, axis=-1)
+    return picked - (jax.nn.logsumexp(logits_rv, axis=-1) if log_norm_r is None else log_norm_r)
 
 
 def sample_tokens(logits_rv: jax.Array, keys_r: jax.Array, *, temperature: float, top_k: int = 0,
@@ -139,6 +143,6 @@ def sample_tokens(logits_rv: jax.Array, keys_r: jax.Array, *, temperature: float
     unfiltered = temperature == 1.0 and top_p >= 1.0 and not 0 < top_k < logits_rv.shape[-1]
     filtered = logits_rv if unfiltered else filter_logits(logits_rv, temperature=temperature, top_k=top_k,
                                                           top_p=top_p)
-    tokens = _inverse_cdf(filtered, keys_r)
-    policy_lp = _logprob_of(logits_rv, tokens)
-    return tokens, policy_lp if unfiltered else _logprob_of(filtered, tokens), policy_lp
+    tokens, log_norm = _inverse_cdf(filtered, keys_r)
+    sample_lp = _logprob_of(filtered, tokens, log_norm)
+    return tokens, sample_lp, sample_lp if unfiltered else _logprob_of(logits_rv, tokens)
