@@ -138,7 +138,7 @@ def test_simulator_runs_the_allocator_step_for_step():
     Bernoulli draws gives the same groups and rollouts."""
     from passrate_jax.allocation.simulate import method_configs, population, run_method
     sim = SimulatorConfig(steps=3, num_prompts=40, seeds=1, drift=0.0)
-    for name in ("sara+dps+ps",):
+    for name in ("sara+dps+ps", "sara+ps"):  # a selection method's pool, and method none's per-step order
         m = run_method(name, sim, AllocationConfig(num_prompts=B), PrefixSamplingConfig())
         cfg, pcfg = method_configs(name, AllocationConfig(num_prompts=B), PrefixSamplingConfig())
         allocator = Allocator(cfg, pcfg, sim.num_prompts)
@@ -167,3 +167,19 @@ def test_simulator_runs_the_allocator_step_for_step():
             res, state = run.finish()
             assert res.rollouts_spent == m["spent"][0, t]
             assert sum(g.valid for g in res.groups) == m["valid"][0, t]
+
+
+def test_a_grid_split_over_threads_gives_each_setting_the_numbers_of_one_call():
+    from passrate_jax.allocation.simulate import run_method
+    from passrate_jax.allocation.sweep import base_knobs, grid_parts, run_grid, sweep_knobs
+    sim = SimulatorConfig(steps=4, num_prompts=48, seeds=2)
+    alloc, ps = AllocationConfig(num_prompts=B), PrefixSamplingConfig()
+    knobs = sweep_knobs(base_knobs("sara", sim, alloc, ps), tau_abandon=[0.2, 0.3, 0.4, 0.5],
+                        tau_confirm=[0.6, 0.7, 0.8, 0.9])
+    parts = grid_parts(knobs, base_knobs("sara", sim, alloc, ps), 3)
+    # The largest count <= 3 that splits 4 settings evenly; the unswept knobs stay whole.
+    np.testing.assert_allclose([p.tau_abandon for p in parts], [[0.2, 0.3], [0.4, 0.5]])
+    assert all(p.schedule.shape == knobs.schedule.shape for p in parts)
+    split, whole = run_grid("sara", sim, alloc, ps, knobs, threads=2), run_method("sara", sim, alloc, ps, knobs)
+    assert split["spent"].shape == (4, 2, 4)
+    jax.tree.map(np.testing.assert_array_equal, split, jax.device_get(whole))

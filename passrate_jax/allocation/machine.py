@@ -22,7 +22,8 @@ from passrate_jax.allocation.group_queue import queue_expire, queue_push
 from passrate_jax.allocation.policies import Knobs, Setup, budget_left
 from passrate_jax.allocation.prefix_control import plan_replays, prefix_control_update
 from passrate_jax.allocation.selection import selection_update
-from passrate_jax.allocation.table import (BUFFERED, CONFIRMED, DROPPED, FREE, REJECTED, TRAINED, StepTable, afford,
+from passrate_jax.allocation.table import (BUFFERED, CONFIRMED, DROPPED, FREE, REJECTED, ROW_AND_SCALAR_FIELDS,
+                                           TRAINED, StepTable, afford,
                                            close_rows, draw_thompson, open_fresh, pending, shuffle_available, split_rng,
                                            successes, table_init, take_rows)
 
@@ -54,10 +55,14 @@ def plan_round(setup: Setup, knobs: Knobs, state, t: StepTable):
     planned = open_fresh(planned, state.selection, planned_state.pilot_buffer, setup.cfg, knobs.selection, op.k,
                          setup.max_open, op.status, op.chunk, pilot=op.pilot)
     # Within a step a policy changes only the queues and the table; selecting just those keeps the
-    # (large, per-prompt) selection models out of every round's copies.
+    # (large, per-prompt) selection models out of every round's copies. Without ``go`` the step ends
+    # here, so the table's per-prompt fields (which nothing after the last round reads as planned) are
+    # not selected either: only the rows and scalars.
     queues = lambda st: (st.pilot_buffer, st.replay_queue, st.surplus)  # noqa: E731
-    (buf, replay, surplus), t = jax.tree.map(lambda a, b: jnp.where(go, a, b), (queues(planned_state), planned),
-                                             (queues(state), t))
+    rows = lambda tb: {name: getattr(tb, name) for name in ROW_AND_SCALAR_FIELDS}  # noqa: E731
+    (buf, replay, surplus), kept = jax.tree.map(lambda a, b: jnp.where(go, a, b),
+                                                (queues(planned_state), rows(planned)), (queues(state), rows(t)))
+    t = planned.replace(**kept)
     state = state.replace(pilot_buffer=buf, replay_queue=replay, surplus=surplus)
     chunk = jnp.where(go & pending(t), t.chunk, 0)
     asked = jnp.sum(chunk).astype(jnp.int32)

@@ -14,7 +14,7 @@ The step is the allocator's own round machine (:func:`passrate_jax.allocation.ma
 Bernoulli draws in place of the sampler, so a simulated step is pure: the steps run under
 ``jax.lax.scan``, the seeds (``sim.seeds``) under ``jax.vmap``, and every method on one setup (a
 :class:`~passrate_jax.allocation.policies.Family` of the policies, the method a knob): one compile in
-all. :func:`sweep` vmaps a grid of thresholds and controller gains over the method's own setup. Overrides
+all. A sweep (:mod:`.sweep`) vmaps a grid of thresholds and controller gains over the method's own setup. Overrides
 ``sim.<field>=value`` set :class:`SimulatorConfig`; ``allocation.*`` and ``prefix_sampling.*`` set the
 baseline every method starts from.
 """
@@ -194,7 +194,7 @@ def _runner(setup, world: World, grid_axes: int, knob_axes: Knobs | None):
     return jax.jit(run)
 
 
-def _grid_axes(knobs: Knobs, base: Knobs) -> tuple[int, Knobs]:
+def grid_axes(knobs: Knobs, base: Knobs) -> tuple[int, Knobs]:
     """(grid rank, per-knob in_axes: 0 for the knobs that carry the grid's leading axes, else None)."""
     extra = jax.tree.map(lambda k, b: jnp.ndim(k) - jnp.ndim(b), knobs, base)
     rank = max(jax.tree.leaves(extra))
@@ -213,34 +213,17 @@ def prepare(name: str, sim: SimulatorConfig, alloc: AllocationConfig, ps: Prefix
     cfg, pcfg = method_configs(name, alloc, ps)
     allocator = Allocator(cfg, pcfg, sim.num_prompts)
     setup = make_setup(cfg, pcfg, sim.num_prompts, family=True) if knobs is None else allocator.setup
-    grid_axes, knob_axes = (0, None) if knobs is None else _grid_axes(knobs, allocator.knobs)
-    run = _runner(setup, World(sim.steps, sim.drift, sim.ps_response_power), grid_axes, knob_axes)
+    rank, knob_axes = (0, None) if knobs is None else grid_axes(knobs, allocator.knobs)
+    run = _runner(setup, World(sim.steps, sim.drift, sim.ps_response_power), rank, knob_axes)
     return run, (allocator.knobs if knobs is None else knobs, *_seed_inputs(sim, allocator))
 
 
 def run_method(name: str, sim: SimulatorConfig, alloc: AllocationConfig, ps: PrefixSamplingConfig,
                knobs: Knobs | None = None) -> dict:
-    """Per-step metrics of method ``name`` for every seed (numpy, leading axes [grid..., seeds, T])."""
+    """Per-step metrics of method ``name`` for every seed (numpy, leading axes [grid..., seeds, T]), in
+    one call (:func:`~.sweep.run_grid` splits a grid over the CPU's cores)."""
     run, args = prepare(name, sim, alloc, ps, knobs)
     return jax.device_get(run(*args))
-
-
-def sweep_knobs(base: Knobs, **grids) -> Knobs:
-    """``base`` with a grid of settings: each keyword (a Knobs field, or ``gains_<field>``) maps to an
-    array whose leading axes are the grid's (the same for all); the other knobs keep their base value
-    and stay unbatched (vmap does not broadcast them)."""
-    gains = {k[len("gains_"):]: v for k, v in grids.items() if k.startswith("gains_")}
-    plain = {k: v for k, v in grids.items() if not k.startswith("gains_")}
-    knobs = base.replace(**{k: jnp.asarray(v, getattr(base, k).dtype) for k, v in plain.items()})
-    return knobs.replace(gains=knobs.gains.replace(**{k: jnp.asarray(v, jnp.float32) for k, v in gains.items()}))
-
-
-def sweep(name: str, sim: SimulatorConfig, alloc: AllocationConfig, ps: PrefixSamplingConfig, knobs: Knobs):
-    """Rollouts per valid group and valid groups per step of method ``name`` for every setting of a
-    grid of ``knobs`` (see :func:`sweep_knobs`): (rpv, vgps), each [grid..., seeds]."""
-    m = run_method(name, sim, alloc, ps, knobs)
-    valid = m["valid"].sum(-1)
-    return m["spent"].sum(-1) / np.maximum(valid, 1), valid / sim.steps
 
 
 def summarise(m: dict, sim: SimulatorConfig, group_size: int, ps_on: bool) -> dict:

@@ -46,10 +46,11 @@ class StepTable:
     used / evicted: bool [P]. rng: PRNG key. replay_successes / replay_rollouts: float32 [K].
     thompson: float32 [P], the step's MoPPS Thompson draws (zeros under another selection method).
     order: int32 [P], the prompts available at the start of the step first, in random order; cursor:
-    how many of them selection method none has opened; num_available: how many there are. Closed groups, per prompt (a prompt has at most one row a step, closed once
-    except a pilot buffered and committed in the same step): closed (its closing status, FREE if
-    none), closed_n / closed_s (rollouts, successes), closed_seen (an observation for the selection
-    models: a fresh group of this step that was observed).
+    how many of them selection method none has opened; num_available: how many there are.
+    Closed groups, per prompt (a prompt has at most one row a step, closed once except a pilot
+    buffered and committed in the same step): closed (its closing status, FREE if none), closed_n /
+    closed_s (rollouts, successes), closed_seen (an observation for the selection models: a fresh
+    group of this step that was observed).
     """
     prompt: jax.Array
     key: jax.Array
@@ -115,6 +116,9 @@ def table_init(capacity: int, group_size: int, num_buckets: int, key_base, evict
 
 ROW_FIELDS = ("prompt", "key", "status", "n", "rewards", "chunk", "probes", "prior_a", "prior_b", "bucket", "src_key",
               "src_index", "cut", "src_success", "pilot", "carried", "rank")
+# The fields of size G or less (the per-prompt ones, of size P, are the rest).
+ROW_AND_SCALAR_FIELDS = ROW_FIELDS + ("count", "opened", "key_base", "trained", "spent", "rounds", "done", "rng",
+                                      "replay_successes", "replay_rollouts")
 
 
 def draw_thompson(t: StepTable, selection: SelectionState, method) -> StepTable:
@@ -239,20 +243,20 @@ def open_fresh(t: StepTable, selection: SelectionState, pilot_buffer: GroupQueue
     (an index into ``selection.METHODS``, may be traced) chooses among those not used this step, not
     evicted and not waiting in the pilot buffer: the next ones of the step's random order
     (:func:`shuffle_available`) under method none, else by :func:`~.selection.select_by_id`."""
-    t, use = split_rng(t)
-
     def in_order():
         at = t.cursor + jnp.arange(k_max)
-        return t.order[jnp.minimum(at, t.order.shape[0] - 1)], (jnp.arange(k_max) < k) & (at < t.num_available)
+        return t.order[jnp.minimum(at, t.order.shape[0] - 1)], (jnp.arange(k_max) < k) & (at < t.num_available), t.rng
 
     def by_score():
-        return select_by_id(selection, use, _available(t, pilot_buffer), k, k_max, cfg.selection, method, t.thompson)
+        rng, use = jax.random.split(t.rng)
+        ids, ok = select_by_id(selection, use, _available(t, pilot_buffer), k, k_max, cfg.selection, method, t.thompson)
+        return ids, ok, rng
     if isinstance(method, int):
-        ids, ok = in_order() if method == 0 else by_score()
+        ids, ok, rng = in_order() if method == 0 else by_score()
     else:
-        ids, ok = jax.lax.cond(method == 0, in_order, by_score)
+        ids, ok, rng = jax.lax.cond(method == 0, in_order, by_score)
     pa, pb = prior_by_id(selection, ids, method, cfg.sara.prior_a, cfg.sara.prior_b)
-    t = t.replace(cursor=t.cursor + jnp.sum(ok).astype(jnp.int32))
+    t = t.replace(rng=rng, cursor=t.cursor + jnp.sum(ok).astype(jnp.int32))
     return open_rows(t, ok, ids, status, chunk, prior_a=pa, prior_b=pb, **fields)
 
 
