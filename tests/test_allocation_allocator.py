@@ -111,6 +111,19 @@ def test_protocol_errors():
         run.observe([Result(reqs[0].group_key, (1,))])
 
 
+def test_no_method_runs_out_of_table_rows():
+    """Every composition on a population from hopeless to mixed, with PS replays and ideal DS's surplus,
+    never needs more rows than its setup's capacity (``simulate`` raises if one does)."""
+    from passrate_jax.allocation.simulate import run_method
+    from passrate_jax.allocation.sweep import base_knobs
+    sim = SimulatorConfig(steps=6, num_prompts=96, seeds=2, mixture_weights=(0.6, 0.2, 0.2))
+    alloc, ps = AllocationConfig(num_prompts=B), PrefixSamplingConfig()
+    for name in sim.methods:
+        # With knobs the run is on the method's own setup (its own capacity), not the family's widest.
+        m = run_method(name, sim, alloc, ps, base_knobs(name, sim, alloc, ps))
+        assert m["overflow"].max() == 0 and m["trained"].sum() > 0, name
+
+
 def test_simulator_smoke(tmp_path, capsys):
     sim = SimulatorConfig(steps=4, num_prompts=64, warmup=1, seeds=2,
                           methods=("ds", "sara_fixed", "uniform+ps"))

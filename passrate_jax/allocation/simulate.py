@@ -146,7 +146,7 @@ def _step_metrics(t, state, rates):
     valid = trained & (s > 0) & (s < t.n)
     full = trained & (t.n == n_full)
     abandoned = t.closed == ABANDONED  # per prompt (closed groups leave the table's rows)
-    return {"spent": t.spent, "trained": t.trained, "valid": jnp.sum(valid),
+    return {"spent": t.spent, "trained": t.trained, "valid": jnp.sum(valid), "overflow": t.overflow,
             "useful": jnp.sum(jnp.where(valid, t.n, 0)),
             "hist": jnp.sum(jax.nn.one_hot(s, n_full + 1) * full[:, None], axis=0),
             "abandoned": jnp.sum(abandoned),
@@ -228,6 +228,8 @@ def run_method(name: str, sim: SimulatorConfig, alloc: AllocationConfig, ps: Pre
 
 def summarise(m: dict, sim: SimulatorConfig, group_size: int, ps_on: bool) -> dict:
     """Per-seed headline numbers, then their mean and sd over seeds."""
+    if m["overflow"].any():
+        raise RuntimeError("simulate: groups found no free row in the step table (a policy's capacity is wrong)")
     spent, valid, useful, trained = (m[k].sum(-1).astype(float) for k in ("spent", "valid", "useful", "trained"))
     per_seed = {
         "rollouts_per_valid_group": np.where(valid > 0, spent / np.maximum(valid, 1), np.nan),

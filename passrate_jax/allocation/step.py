@@ -74,6 +74,9 @@ class StepRun:
             raise RuntimeError("finish() with outstanding requests")
         state, table = _finish(self.setup, self.knobs, self.state, self.table)
         t = jax.device_get(table)
+        if t.overflow:
+            raise RuntimeError(f"allocation: {int(t.overflow)} group(s) found no free row in the step table "
+                               f"(capacity {t.capacity}); this is a bug in a policy's capacity")
         s = np.asarray(successes(table))
         groups = []
         for g in np.argsort(np.where(t.rank >= 0, t.rank, t.capacity))[:int(t.trained)]:

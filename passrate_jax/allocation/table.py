@@ -42,7 +42,8 @@ class StepTable:
     prefix), pilot (a Pilot-Commit pilot awaiting its verdict), carried (came from the ideal-DS surplus:
     observed at its own step), rank (training order, -1 when not trained).
     Scalars: count (live rows, packed at the front), opened (groups opened this step: the next new
-    group's key is key_base + opened), trained, spent (rollouts requested), rounds, done.
+    group's key is key_base + opened), trained, spent (rollouts requested), rounds, done, overflow
+    (groups that found no free row: 0 unless a capacity is wrong; the host raises on it).
     used / evicted: bool [P]. rng: PRNG key. replay_successes / replay_rollouts: float32 [K].
     thompson: float32 [P], the step's MoPPS Thompson draws (zeros under another selection method).
     order: int32 [P], the prompts available at the start of the step first, in random order; cursor:
@@ -71,6 +72,7 @@ class StepTable:
     rank: jax.Array
     count: jax.Array
     opened: jax.Array
+    overflow: jax.Array
     key_base: jax.Array
     trained: jax.Array
     spent: jax.Array
@@ -103,7 +105,7 @@ def table_init(capacity: int, group_size: int, num_buckets: int, key_base, evict
     z = jnp.zeros((), jnp.int32)
     return StepTable(prompt=zi, key=zi, status=zi, n=zi, rewards=jnp.zeros((capacity, group_size), jnp.int8),
                      chunk=zi, probes=zi, prior_a=zf + 1, prior_b=zf + 1, bucket=zi - 1, src_key=zi,
-                     src_index=zi, cut=zf, src_success=zb, pilot=zb, carried=zb, rank=zi - 1, count=z, opened=z,
+                     src_index=zi, cut=zf, src_success=zb, pilot=zb, carried=zb, rank=zi - 1, count=z, opened=z, overflow=z,
                      key_base=jnp.asarray(key_base, jnp.int32), trained=z, spent=z, rounds=z,
                      done=jnp.zeros((), bool), used=jnp.zeros_like(evicted), evicted=evicted, rng=rng,
                      replay_successes=jnp.zeros((num_buckets,), jnp.float32),
@@ -117,7 +119,7 @@ def table_init(capacity: int, group_size: int, num_buckets: int, key_base, evict
 ROW_FIELDS = ("prompt", "key", "status", "n", "rewards", "chunk", "probes", "prior_a", "prior_b", "bucket", "src_key",
               "src_index", "cut", "src_success", "pilot", "carried", "rank")
 # The fields of size G or less (the per-prompt ones, of size P, are the rest).
-ROW_AND_SCALAR_FIELDS = ROW_FIELDS + ("count", "opened", "key_base", "trained", "spent", "rounds", "done", "rng",
+ROW_AND_SCALAR_FIELDS = ROW_FIELDS + ("count", "opened", "overflow", "key_base", "trained", "spent", "rounds", "done", "rng",
                                       "replay_successes", "replay_rollouts")
 
 
@@ -192,7 +194,8 @@ def open_rows(t: StepTable, ok, prompt, status, chunk, **fields) -> StepTable:
 
     ``prompt``, ``chunk`` and any of the row fields in ``fields`` are [K] arrays or scalars; ``key``
     defaults to a new key (key_base + the group's opening index this step). Rows past capacity are
-    dropped (capacities are sized so that this never happens). Marks the prompts used for this step.
+    dropped and counted in ``overflow`` (capacities are sized so that this never happens). Marks the
+    prompts used for this step.
     """
     g = t.capacity
     rank = jnp.cumsum(ok) - 1
@@ -208,7 +211,8 @@ def open_rows(t: StepTable, ok, prompt, status, chunk, **fields) -> StepTable:
         updates[name] = column.at[idx].set(value, mode="drop")
     opened = jnp.sum(ok & (pos < g)).astype(jnp.int32)
     used = t.used.at[jnp.where(ok, prompt, t.used.shape[0])].set(True, mode="drop")
-    return t.replace(**updates, count=t.count + opened, opened=t.opened + opened, used=used)
+    return t.replace(**updates, count=t.count + opened, opened=t.opened + opened, used=used,
+                     overflow=t.overflow + jnp.sum(ok).astype(jnp.int32) - opened)
 
 
 def close_rows(t: StepTable) -> StepTable:
