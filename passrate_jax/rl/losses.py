@@ -42,14 +42,13 @@ def token_logprobs(logits_btv: jax.Array, tokens_bt: jax.Array) -> tuple[jax.Arr
 
 
 def _softmax_stats(z_btv, targets_bt):
-    """log-sum-exp, the target's logit and the softmax-expected logit per row: two passes over [B, T, V]
-    (the max, then every sum), none written back to memory."""
+    """log-sum-exp, the target's logit and the softmax-expected logit per row."""
     m = jax.lax.stop_gradient(jnp.max(z_btv, axis=-1, keepdims=True))
     e = jnp.exp(z_btv - m)
     s = jnp.sum(e, axis=-1)
     expected = jnp.sum(e * z_btv, axis=-1) / s
-    is_target = jnp.arange(z_btv.shape[-1]) == targets_bt[..., None]
-    target_logit = jnp.sum(jnp.where(is_target, z_btv, 0.0), axis=-1)
+    # A gather (its scatter-add gradient never runs: the VJP below is written out).
+    target_logit = jnp.take_along_axis(z_btv, targets_bt[..., None], axis=-1)[..., 0]
     return m[..., 0] + jnp.log(s), target_logit, expected
 
 
