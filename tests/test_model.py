@@ -187,3 +187,24 @@ def test_scanned_unrolled_and_remat_give_equal_logits_and_gradients(scan_layers,
     (la, ca), (lb, cb) = (jax.jit(lambda m, t, c: m(t, cache=c))(m, tokens, cache) for m in (scanned, other))
     np.testing.assert_allclose(np.asarray(lb), np.asarray(la), atol=1e-5, rtol=0)
     np.testing.assert_allclose(np.asarray(cb.k), np.asarray(ca.k), atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("x_shape, w_shape, n_in, spec", [
+    ((2, 5, 6), (6, 3, 4), 1, "btd,dhe->bthe"),   # q/k/v: out wider than in (x on the left in dW)
+    ((2, 5, 3, 4), (3, 4, 6), 2, "bthe,hed->btd"),  # o: two input dims
+    ((2, 5, 16), (16, 6), 1, "btf,fd->btd"),        # down: in wider than out (transposed dW)
+])
+def test_project_equals_einsum_in_value_and_gradients(x_shape, w_shape, n_in, spec):
+    """matmul.project writes its gradient out (for XLA CPU's layouts); value and both gradients must be
+    einsum's."""
+    from passrate_jax.model.matmul import project
+    rng = np.random.default_rng(3)
+    x, w = rng.normal(size=x_shape).astype(np.float32), rng.normal(size=w_shape).astype(np.float32)
+    out_shape = jax.eval_shape(lambda a, b: jnp.einsum(spec, a, b), x, w).shape
+    c = rng.normal(size=out_shape).astype(np.float32)
+    want = jax.value_and_grad(lambda a, b: (jnp.einsum(spec, a, b) * c).sum(), argnums=(0, 1))(x, w)
+    got = jax.jit(jax.value_and_grad(lambda a, b: (project(a, b, n_in) * c).sum(), argnums=(0, 1)))(x, w)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-5)
+    for g, h in zip(got[1], want[1]):
+        assert g.shape == h.shape and g.dtype == h.dtype
+        np.testing.assert_allclose(g, h, rtol=1e-5, atol=1e-5)

@@ -27,6 +27,7 @@ import numpy as np
 from flax import nnx, struct
 
 from passrate_jax.model.config import ModelConfig
+from passrate_jax.model.matmul import project
 from passrate_jax.model.params import Init, const, weight
 
 # Finite stand-in for -inf: a query with no visible key (a padding query) then gets a uniform softmax
@@ -128,7 +129,7 @@ class Attention(nnx.Module):
         self.qk_norm = cfg.qk_norm
 
     def _project(self, x_btd, name, bias_name):
-        y = jnp.einsum("btd,dhe->bthe", x_btd, weight(self, name, self.dtype))
+        y = project(x_btd, weight(self, name, self.dtype))  # [B, T, heads, e]
         if self.attention_bias:
             y = y + getattr(self, bias_name)[...].astype(self.dtype)
         return y
@@ -151,7 +152,7 @@ class Attention(nnx.Module):
             k, v = cache_k[layer].astype(self.dtype), cache_v[layer].astype(self.dtype)
             cache = (cache_k, cache_v)
         out = _attend(q, k, v, mask_bts)
-        return jnp.einsum("bthe,hed->btd", out, weight(self, "o", self.dtype)), cache
+        return project(out, weight(self, "o", self.dtype), 2), cache
 
 
 def _attend(q_bthe, k_bske, v_bske, mask_bts):
@@ -188,9 +189,9 @@ class MLP(nnx.Module):
             init.adapter(self, name, cfg, in_dims=1)
 
     def __call__(self, x_btd):
-        gate = x_btd @ weight(self, "gate", self.dtype)
-        up = x_btd @ weight(self, "up", self.dtype)
-        return (jax.nn.silu(gate) * up) @ weight(self, "down", self.dtype)
+        gate = project(x_btd, weight(self, "gate", self.dtype))
+        up = project(x_btd, weight(self, "up", self.dtype))
+        return project(jax.nn.silu(gate) * up, weight(self, "down", self.dtype))
 
 
 class Block(nnx.Module):
@@ -327,9 +328,9 @@ class Transformer(nnx.Module):
             x = x[jnp.arange(b), logits_at_b][:, None]  # [B, 1, D]: the LM head runs on one column per row
         x = self.final_norm(x)
         if self.cfg.tie_embeddings:
-            logits = jnp.einsum("btd,vd->btv", x, self.embed[...].astype(self.dtype))
+            logits = project(x, self.embed[...].astype(self.dtype).T)
         else:
-            logits = x @ self.lm_head[...].astype(self.dtype)
+            logits = project(x, self.lm_head[...].astype(self.dtype))
         logits = logits.astype(jnp.float32)
         if logits_at_b is not None:
             logits = logits[:, 0]

@@ -31,16 +31,53 @@ def token_logprobs(logits_btv: jax.Array, tokens_bt: jax.Array) -> tuple[jax.Arr
     """Log-probability (nats) of each token and the entropy (nats) of the distribution it was drawn from.
 
     Returns ``(logp_bt, entropy_bt)``, float32 [B, T], aligned with ``tokens_bt``; column 0 is 0.
+    Differentiable in both outputs (:func:`_logp_entropy`'s gradient is written out).
     """
-    logits = logits_btv[:, :-1].astype(jnp.float32)
-    targets = tokens_bt[:, 1:]
-    lse = jax.nn.logsumexp(logits, axis=-1)
-    target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
-    logp = target_logit - lse
-    probs = jnp.exp(logits - lse[..., None])
-    entropy = lse - jnp.sum(probs * logits, axis=-1)
+    # Every column of the logits predicts the next token; the last column's (a dummy target) is cut after
+    # the reductions, so no shifted [B, T - 1, V] copy of the logits is ever made.
+    targets = jnp.concatenate([tokens_bt[:, 1:], jnp.zeros_like(tokens_bt[:, :1])], axis=1)
+    logp, entropy = _logp_entropy(logits_btv.astype(jnp.float32), targets)
     pad = jnp.zeros((tokens_bt.shape[0], 1), jnp.float32)
-    return jnp.concatenate([pad, logp], 1), jnp.concatenate([pad, entropy], 1)
+    return jnp.concatenate([pad, logp[:, :-1]], 1), jnp.concatenate([pad, entropy[:, :-1]], 1)
+
+
+def _softmax_stats(z_btv, targets_bt):
+    """log-sum-exp, the target's logit and the softmax-expected logit per row."""
+    m = jax.lax.stop_gradient(jnp.max(z_btv, axis=-1, keepdims=True))
+    e = jnp.exp(z_btv - m)
+    s = jnp.sum(e, axis=-1)
+    expected = jnp.sum(e * z_btv, axis=-1) / s
+    # A gather (its scatter-add gradient never runs: the VJP below is written out).
+    target_logit = jnp.take_along_axis(z_btv, targets_bt[..., None], axis=-1)[..., 0]
+    return m[..., 0] + jnp.log(s), target_logit, expected
+
+
+@jax.custom_vjp
+def _logp_entropy(z_btv, targets_bt):
+    """``log softmax(z)[target]`` and ``H(softmax(z))`` per row."""
+    lse, target_logit, expected = _softmax_stats(z_btv, targets_bt)
+    return target_logit - lse, lse - expected
+
+
+def _logp_entropy_fwd(z_btv, targets_bt):
+    lse, target_logit, expected = _softmax_stats(z_btv, targets_bt)
+    return (target_logit - lse, lse - expected), (z_btv, targets_bt, lse, expected)
+
+
+def _logp_entropy_bwd(res, cotangents):
+    # d logp / dz = onehot(target) - p and d H / dz = -p (z - E_p[z]): one elementwise pass writes the
+    # gradient. Autodiff of the forward would keep p = exp(z - lse) as a [B, T, V] residual and add the
+    # target's one-hot through a scatter into another zero [B, T, V] array.
+    z, targets, lse, expected = res
+    g_logp, g_ent = cotangents
+    p = jnp.exp(z - lse[..., None])
+    is_target = jnp.arange(z.shape[-1]) == targets[..., None]
+    dz = (jnp.where(is_target, g_logp[..., None], 0.0) - p * g_logp[..., None]
+          - g_ent[..., None] * p * (z - expected[..., None]))
+    return dz, None
+
+
+_logp_entropy.defvjp(_logp_entropy_fwd, _logp_entropy_bwd)
 
 
 def ppo_token_loss(logp_bt, old_logp_bt, adv_bt, mask_bt, *, clip_low: float, clip_high: float,
