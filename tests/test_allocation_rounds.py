@@ -176,3 +176,15 @@ def test_random_permutation_is_a_uniform_permutation():
     firsts = [row[row < 5][0] for row in np.asarray(draws)]
     counts = np.bincount(firsts, minlength=5)
     assert ((counts - 1000) ** 2 / 1000).sum() < 18.47
+
+
+def test_per_prompt_fields_are_the_table_fields_of_size_p():
+    """plan_round leaves PER_PROMPT_FIELDS unselected when a round does not go; a new per-prompt field
+    missing from the list would be selected (safe), a row field wrongly in it would not."""
+    import dataclasses as dc
+
+    from passrate_jax.allocation.table import PER_PROMPT_FIELDS, table_init
+    t = table_init(7, N, 4, 0, jnp.zeros(50, bool), jax.random.PRNGKey(0))
+    sized_p = {f.name for f in dc.fields(t) if jnp.shape(getattr(t, f.name))[:1] == (50,)}
+    assert sized_p == set(PER_PROMPT_FIELDS) - {"cursor", "num_available"}
+    assert all(jnp.ndim(getattr(t, name)) == 0 for name in ("cursor", "num_available"))

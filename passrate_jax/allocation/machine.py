@@ -15,6 +15,8 @@ models, queues and PS controllers. The method's own choices are its policy's (:m
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 
@@ -22,10 +24,9 @@ from passrate_jax.allocation.group_queue import queue_expire, queue_push
 from passrate_jax.allocation.policies import Knobs, Setup, budget_left
 from passrate_jax.allocation.prefix_control import plan_replays, prefix_control_update
 from passrate_jax.allocation.selection import selection_update
-from passrate_jax.allocation.table import (BUFFERED, CONFIRMED, DROPPED, FREE, REJECTED, ROW_AND_SCALAR_FIELDS,
-                                           TRAINED, StepTable, afford,
-                                           close_rows, draw_thompson, open_fresh, pending, shuffle_available, split_rng,
-                                           successes, table_init, take_rows)
+from passrate_jax.allocation.table import (CONFIRMED, DROPPED, PER_PROMPT_FIELDS, REJECTED, TRAINED, StepTable, afford,
+                                           close_rows, draw_thompson, observed, open_fresh, pending, shuffle_available,
+                                           split_rng, successes, table_init, take_rows)
 
 
 def begin_step(setup: Setup, knobs: Knobs, state):
@@ -59,7 +60,8 @@ def plan_round(setup: Setup, knobs: Knobs, state, t: StepTable):
     # here, so the table's per-prompt fields (which nothing after the last round reads as planned) are
     # not selected either: only the rows and scalars.
     queues = lambda st: (st.pilot_buffer, st.replay_queue, st.surplus)  # noqa: E731
-    rows = lambda tb: {name: getattr(tb, name) for name in ROW_AND_SCALAR_FIELDS}  # noqa: E731
+    rows = lambda tb: {f.name: getattr(tb, f.name) for f in dataclasses.fields(tb)  # noqa: E731
+                       if f.name not in PER_PROMPT_FIELDS}
     (buf, replay, surplus), kept = jax.tree.map(lambda a, b: jnp.where(go, a, b),
                                                 (queues(planned_state), rows(planned)), (queues(state), rows(t)))
     t = planned.replace(**kept)
@@ -136,8 +138,7 @@ def finish_step(setup: Setup, knobs: Knobs, state, t: StepTable):
     # expire: a pilot is committable for exactly buffer_max_age steps after its own.
     buf, expired = queue_expire(state.pilot_buffer, now + 1, setup.cfg.pilot_commit.buffer_max_age)
     # The live rows (trained, or unfinished when the step stopped), the closed groups, the expired pilots.
-    seen = ((t.bucket < 0) & ~t.carried & (t.n > 0) & (t.status != FREE) & (t.status != REJECTED)
-            & (t.status != BUFFERED))
+    seen = observed(t)
     prompts = jnp.arange(t.closed.shape[0], dtype=jnp.int32)
 
     def update():

@@ -105,8 +105,8 @@ def table_init(capacity: int, group_size: int, num_buckets: int, key_base, evict
     z = jnp.zeros((), jnp.int32)
     return StepTable(prompt=zi, key=zi, status=zi, n=zi, rewards=jnp.zeros((capacity, group_size), jnp.int8),
                      chunk=zi, probes=zi, prior_a=zf + 1, prior_b=zf + 1, bucket=zi - 1, src_key=zi,
-                     src_index=zi, cut=zf, src_success=zb, pilot=zb, carried=zb, rank=zi - 1, count=z, opened=z, overflow=z,
-                     key_base=jnp.asarray(key_base, jnp.int32), trained=z, spent=z, rounds=z,
+                     src_index=zi, cut=zf, src_success=zb, pilot=zb, carried=zb, rank=zi - 1, count=z, opened=z,
+                     overflow=z, key_base=jnp.asarray(key_base, jnp.int32), trained=z, spent=z, rounds=z,
                      done=jnp.zeros((), bool), used=jnp.zeros_like(evicted), evicted=evicted, rng=rng,
                      replay_successes=jnp.zeros((num_buckets,), jnp.float32),
                      replay_rollouts=jnp.zeros((num_buckets,), jnp.float32),
@@ -118,9 +118,10 @@ def table_init(capacity: int, group_size: int, num_buckets: int, key_base, evict
 
 ROW_FIELDS = ("prompt", "key", "status", "n", "rewards", "chunk", "probes", "prior_a", "prior_b", "bucket", "src_key",
               "src_index", "cut", "src_success", "pilot", "carried", "rank")
-# The fields of size G or less (the per-prompt ones, of size P, are the rest).
-ROW_AND_SCALAR_FIELDS = ROW_FIELDS + ("count", "opened", "overflow", "key_base", "trained", "spent", "rounds", "done", "rng",
-                                      "replay_successes", "replay_rollouts")
+# The fields of size P (one entry per prompt) and the step order's cursor; every other field is a row or
+# a scalar (size G or less).
+PER_PROMPT_FIELDS = ("used", "evicted", "thompson", "order", "cursor", "num_available", "closed", "closed_n",
+                     "closed_s", "closed_seen")
 
 
 def draw_thompson(t: StepTable, selection: SelectionState, method) -> StepTable:
@@ -173,6 +174,14 @@ def successes(t: StepTable):
     return jnp.sum(jnp.where(held, t.rewards, 0), axis=1).astype(jnp.int32)
 
 
+def observed(t: StepTable):
+    """Rows that are an observation of their prompt for the selection models, bool [G]: a fresh group
+    of this step (not a replay, not ideal DS's carried surplus) with rollouts, neither rejected nor a
+    pilot waiting in the buffer (observed when committed or when it expires)."""
+    return ((t.bucket < 0) & ~t.carried & (t.n > 0) & (t.status != FREE) & (t.status != REJECTED)
+            & (t.status != BUFFERED))
+
+
 def pending(t: StepTable):
     """Rows still being probed or completed, bool [G]."""
     return (t.status == ACTIVE) | (t.status == CONFIRMED)
@@ -219,9 +228,8 @@ def close_rows(t: StepTable) -> StepTable:
     """Close the rows in a closing state: record each one's rollouts and successes under its prompt,
     then pack the live rows at the front (keeping their order) and free the rest."""
     closing = jnp.isin(t.status, jnp.asarray(CLOSING))
-    seen = closing & (t.bucket < 0) & ~t.carried & (t.n > 0) & (t.status != BUFFERED) & (t.status != REJECTED)
     at = jnp.where(closing, t.prompt, t.closed.shape[0])
-    record = {"closed": t.status, "closed_n": t.n, "closed_s": successes(t), "closed_seen": seen}
+    record = {"closed": t.status, "closed_n": t.n, "closed_s": successes(t), "closed_seen": closing & observed(t)}
     t = t.replace(**{name: getattr(t, name).at[at].set(value, mode="drop") for name, value in record.items()})
     return _pack(t, (t.status != FREE) & ~closing)
 
