@@ -36,6 +36,8 @@ def test_default_preset_trains_with_the_task_verifier(tmp_path, warm_start_cache
     trained = [r for r in steps if r["groups_trained"] > 0]
     assert trained and all(np.isfinite(r["update/loss"]) for r in trained)
     assert "ps/ratio/1" in steps[0] and 0 <= records[-1]["eval_accuracy"] <= 1
+    # The preset as written also samples answers at each evaluation: their accuracy and its standard error.
+    assert 0 <= records[-1]["eval_sampled_accuracy"] <= 1 and records[-1]["eval_sampled_accuracy_se"] >= 0
 
 
 def _boxed_tokenizer(directory, vocab_size):
