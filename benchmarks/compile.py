@@ -72,12 +72,13 @@ def compile_sampler(model_cfg, mesh, contexts: int = 8, rows: int = 64, t: int =
                                         layout=layout), in_shardings=(ps, rows2, rows1), out_shardings=pre_sh)
     sds = jax.ShapeDtypeStruct
     first = _timed(lambda: prefill.lower(params, sds((contexts, t), jnp.int32), sds((contexts,), jnp.int32)))
-    settings = core.DecodeSettings(temperature=1.0, top_k=0, top_p=1.0, pad_id=0, gen_len=g)
+    settings = core.DecodeSettings(top_k=0, top_p=1.0, pad_id=0, gen_len=g)
     decode = jax.jit(functools.partial(core.decode, graphdef=graphdef, settings=settings, layout=layout),
-                     in_shardings=(ps, pre_sh, core.RowSpec(*(rows1,) * 5), rep, rep))
+                     in_shardings=(ps, pre_sh, core.RowSpec(*(rows1,) * 5), rep, rep, rep))
     prefilled = jax.eval_shape(prefill, params, sds((contexts, t), jnp.int32), sds((contexts,), jnp.int32))
     spec = core.RowSpec(*(sds((rows,), jnp.int32),) * 5)
-    second = _timed(lambda: decode.lower(params, prefilled, spec, sds((), jnp.int32), sds((8,), jnp.int32)))
+    second = _timed(lambda: decode.lower(params, prefilled, spec, sds((), jnp.int32), sds((8,), jnp.int32),
+                                                 sds((), jnp.float32)))
     return first[0] + second[0], first[1] + second[1]
 
 

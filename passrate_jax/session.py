@@ -89,6 +89,9 @@ class Session:
         stop = tuple(i for i in getattr(tokenizer, "stop_ids", ()) if i != eos)
         sampling = dataclasses.replace(cfg.sampling, stop_token_ids=tuple(cfg.sampling.stop_token_ids) + stop)
         sampler = Sampler(model, sampling, eos_id=eos, pad_id=tokenizer.pad_id, mesh=mesh)
+        if sampling.store_contexts:  # a replayed prefix is part of an earlier response: at most max_new_tokens
+            longest = max(map(len, prompt_tokens + heldout_tokens), default=1)
+            sampler.reserve_store(sampling.store_contexts, longest + sampling.max_new_tokens)
         return cls(cfg, mesh, tokenizer, prompts, prompt_tokens, heldout, heldout_tokens,
                    Rewarder.from_config(cfg.data), model, sampler, source, log)
 

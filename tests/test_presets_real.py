@@ -38,6 +38,9 @@ def test_default_preset_trains_with_the_task_verifier(tmp_path, warm_start_cache
     assert "ps/ratio/1" in steps[0] and 0 <= records[-1]["eval_accuracy"] <= 1
     # The preset as written also samples answers at each evaluation: their accuracy and its standard error.
     assert 0 <= records[-1]["eval_sampled_accuracy"] <= 1 and records[-1]["eval_sampled_accuracy_se"] >= 0
+    # Its reserved prefix store: rounds and both evaluations share one prefill program per context bucket
+    # (32 and 64 tokens) and one decode program per row bucket (64 and 128 rows); plus the update.
+    assert records[-1]["compilations/sampler"] <= 4 and records[-1]["compilations/update"] == 1
 
 
 def _boxed_tokenizer(directory, vocab_size):

@@ -203,3 +203,20 @@ def test_filter_logits_top_k_top_p_and_sampling_frequencies():
     # 4 standard errors of a frequency near 0.5 at n = 8000 is 0.022
     np.testing.assert_allclose(freq, [0.5 / 0.9, 0.25 / 0.9, 0.15 / 0.9, 0.0], atol=0.022)
     np.testing.assert_allclose(np.exp(np.asarray(lp)[np.asarray(tokens) == 0]), 0.5 / 0.9, rtol=1e-5)
+
+
+@pytest.mark.parametrize("top_k", [0, 3])
+def test_traced_temperature_draws_what_each_static_temperature_draws(top_k):
+    """One program for every temperature (greedy evaluation shares the sampler's decode program): a traced
+    temperature picks the branch a Python number compiles alone, with the same tokens and log-probs."""
+    from passrate_jax.sampling.distributions import sample_tokens
+    logits = jax.random.normal(jax.random.key(0), (16, 40)) * 3
+    keys = jax.random.split(jax.random.key(1), 16)
+    traced = jax.jit(lambda t: sample_tokens(logits, keys, temperature=t, top_k=top_k, top_p=0.9))
+    for temperature in (0.0, 1.0, 0.7):
+        want = sample_tokens(logits, keys, temperature=temperature, top_k=top_k, top_p=0.9)
+        got = traced(jnp.float32(temperature))
+        np.testing.assert_array_equal(got[0], want[0])
+        np.testing.assert_allclose(got[1], want[1], atol=1e-5)
+        np.testing.assert_allclose(got[2], want[2], atol=1e-5)
+    assert traced._cache_size() == 1

@@ -150,3 +150,40 @@ def test_rows_are_recycled_least_recently_used_first(sampler):
     assert_same_rows(sampler.generate([a, e], seed=3, cfg=cfg, store=store), sampler.generate([a, e], seed=3, cfg=cfg))
     assert store.prefilled == 6 and store.capacity[0] <= 4  # one call's contexts, not the step's five
     assert store.context_tokens == sum(len(x.ids) for x in (a, b, c, d, e))  # a counted once as a context
+
+
+def test_reserved_store_serves_rounds_and_evaluation_with_one_program_per_bucket():
+    """A reserved store: calls of 1 to 12 contexts (more than the largest prefill bucket, so prefilled in
+    batches), 16- and 32-token contexts, greedy and sampled, shared step stores and one-call stores, over
+    two steps, compile one prefill program per context bucket and one decode program per row bucket, and
+    give the tokens of a sampler that sizes every store for the call."""
+    buckets = dict(BUCKETS, prefill_row_buckets=(8,))
+    cfg = SamplingConfig(temperature=0.8, **buckets)
+    reserved = Sampler(tiny_model(), cfg, eos_id=EOS)
+    plain = Sampler(tiny_model(), cfg, eos_id=EOS)
+    assert reserved.reserve_store(12, 20 + 8) == (16, 32)  # 12 contexts -> 2 x 8; 28 slots -> 32
+    rng = np.random.default_rng(3)
+    prompts = [rng.integers(3, 64, n).tolist() for n in [5, 14, 9, 3, 12, 7, 10, 6, 11, 4, 8, 13]]
+    long = rng.integers(3, 64, 20).tolist()  # a 32-token context bucket
+    calls = [  # (contexts, greedy, shared)
+        ([Context(p, num_samples=1, context_id=i) for i, p in enumerate(prompts)], True, False),   # eval
+        ([Context(p, num_samples=1, context_id=i) for i, p in enumerate(prompts[:4])], False, False),
+        ([Context(prompts[0], num_samples=2, context_id=0), Context(long, num_samples=2, context_id=50)], False, True),
+        ([Context(p, num_samples=1, context_id=i, first_sample_index=2) for i, p in enumerate(prompts)], False, True),
+    ]
+    for step in range(2):
+        stores = {s: s.kv_store() for s in (reserved, plain)}
+        for contexts, greedy, shared in calls:
+            call_cfg = SamplingConfig(temperature=0.0, **buckets) if greedy else cfg
+            out = {s: s.generate(contexts, seed=step, cfg=call_cfg, **({"store": stores[s]} if shared else {}))
+                   for s in (reserved, plain)}
+            assert_same_rows(out[reserved], out[plain])
+        for store in stores.values():
+            store.release()
+    # prefill: 16- and 32-token contexts; decode: 8 and 16 rows (greedy and sampled share each)
+    assert reserved.compilations == 4 and reserved.store_capacity == (16, 32)
+    assert plain.compilations > reserved.compilations
+    # per step, 12 new contexts ran as 2 batches of 8 (twice: 11 in the last call), 4 and 2 as one each
+    assert reserved.prefill_batches == plain.prefill_batches == 2 * (2 + 1 + 1 + 2)
+    with pytest.raises(ValueError, match="contexts=0"):
+        reserved.reserve_store(0, 8)

@@ -27,6 +27,11 @@ class SamplingConfig:
     # smaller than the decode of at least 64 rows it feeds.
     prefill_row_buckets: tuple[int, ...] = option(
         (16, 32, 64, 128, 256), ge=1, doc="padding buckets for the number of distinct contexts prefilled")
+    store_contexts: int = option(
+        0, ge=0, doc="contexts a step's prefix store is sized for from the start (a training run reserves them "
+                     "with slots for its longest prompt plus max_new_tokens): then rounds, evaluation and "
+                     "steps share one prefill program per context bucket and one decode program per row "
+                     "bucket; 0: each store grows when a call needs more, compiling the programs again")
     generation_buckets: tuple[int, ...] = option(
         (64, 128, 256, 512, 1024, 2048), ge=1, doc="padding buckets for max new tokens (output buffer length)")
 

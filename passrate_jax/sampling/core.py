@@ -32,7 +32,8 @@ from passrate_jax.sampling.distributions import sample_tokens
 
 @dataclasses.dataclass(frozen=True)
 class DecodeSettings:
-    """Static (hashable) settings of one compiled decode program; arrays never live here.
+    """Static (hashable) settings of one compiled decode program; arrays never live here (the
+    temperature is one: greedy evaluation and sampling at any temperature share a program).
 
     pad_id: id written after a row has finished.
     gen_len: G, the output buffer length (a generation bucket, >= every row's budget).
@@ -41,7 +42,6 @@ class DecodeSettings:
     cache_len: S, cache slots of the decode rows (0: ``context_len``, for a prefill cache sized with room
       for G); the slots past ``context_len`` start empty. A live row that later calls extend keeps its S.
     """
-    temperature: float
     top_k: int
     top_p: float
     pad_id: int
@@ -200,22 +200,22 @@ def _record(state: SamplingState, token_r, sample_lp_r, policy_lp_r, settings: D
     )
 
 
-def _draw(logits_rv, state: SamplingState, settings: DecodeSettings):
+def _draw(logits_rv, state: SamplingState, temperature: jax.Array, settings: DecodeSettings):
     keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(state.keys_r, state.step)
-    return sample_tokens(logits_rv, keys, temperature=settings.temperature, top_k=settings.top_k,
-                         top_p=settings.top_p)
+    return sample_tokens(logits_rv, keys, temperature=temperature, top_k=settings.top_k, top_p=settings.top_p)
 
 
 def decode(params: nnx.State, prefilled: PrefillOutput, rows: RowSpec, seed: jax.Array, stop_ids: jax.Array,
-           *, graphdef: nnx.GraphDef, settings: DecodeSettings, layout: Layout | None = None) -> SamplingState:
+           temperature: jax.Array, *, graphdef: nnx.GraphDef, settings: DecodeSettings,
+           layout: Layout | None = None) -> SamplingState:
     """Generate up to ``rows.budget_r`` tokens per row, continuing ``rows.context_row_r``'s prefill.
 
     The prefill cache rows are gathered on device into the decode rows, so every continuation of one
     context reuses that context's single prefill. Returns the final :class:`SamplingState`; its
     ``tokens_rg``, ``logprobs_rg``, ``policy_logprobs_rg``, ``length_r`` and ``stopped_r`` are the
     output. ``seed`` is an int32 scalar; ``stop_ids`` int32 [K] the ids that end a row (EOS and extra
-    stop ids, padded with -1; an array, not a static setting, so changing them compiles nothing). The
-    stop token is kept in the output.
+    stop ids, padded with -1; an array, not a static setting, so changing them compiles nothing);
+    ``temperature`` a float32 scalar >= 0 (0: greedy), also an array. The stop token is kept in the output.
     """
     g = settings.gen_len
     r = rows.context_row_r.shape[0]
@@ -242,7 +242,7 @@ def decode(params: nnx.State, prefilled: PrefillOutput, rows: RowSpec, seed: jax
     )
     # The first token comes from the prefill's last logits; the loop then feeds each token back once.
     first_logits = jnp.take(prefilled.last_logits_cv, rows.context_row_r, axis=0)
-    state = _record(state, *_draw(first_logits, state, settings), settings, stop_ids)
+    state = _record(state, *_draw(first_logits, state, temperature, settings), settings, stop_ids)
     model = nnx.merge(graphdef, params)
 
     def cond(s: SamplingState):
@@ -251,6 +251,6 @@ def decode(params: nnx.State, prefilled: PrefillOutput, rows: RowSpec, seed: jax
     def body(s: SamplingState):
         logits, cache = model(s.last_token_r[:, None], s.position_r[:, None], cache=s.cache, layout=layout)
         s = s.replace(cache=cache, position_r=s.position_r + 1)
-        return _record(s, *_draw(logits[:, 0], s, settings), settings, stop_ids)
+        return _record(s, *_draw(logits[:, 0], s, temperature, settings), settings, stop_ids)
 
     return jax.lax.while_loop(cond, body, state)

@@ -1,10 +1,13 @@
 """Next-token distributions: temperature, top-k and top-p filtering, and per-row sampling.
 
 All functions are pure and jit-compatible; the filter settings are Python scalars (static), so a
-disabled filter costs nothing in the compiled program.
+disabled filter costs nothing in the compiled program; the temperature may also be traced (see
+:func:`sample_tokens`).
 """
 
 from __future__ import annotations
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -55,7 +58,7 @@ def filter_logits(logits_rv: jax.Array, *, temperature: float, top_k: int = 0, t
     Returns:
       float32 [R, V].
     """
-    if temperature <= 0:
+    if isinstance(temperature, (int, float)) and temperature <= 0:
         raise ValueError(f"temperature = {temperature}: filter_logits needs > 0 (0 is greedy)")
     logits = logits_rv.astype(jnp.float32) / temperature
     r, vocab = logits.shape
@@ -121,14 +124,17 @@ def _logprob_of(logits_rv: jax.Array, tokens_r: jax.Array, log_norm_r: jax.Array
     return picked - (jax.nn.logsumexp(logits_rv, axis=-1) if log_norm_r is None else log_norm_r)
 
 
-def sample_tokens(logits_rv: jax.Array, keys_r: jax.Array, *, temperature: float, top_k: int = 0,
+def sample_tokens(logits_rv: jax.Array, keys_r: jax.Array, *, temperature: float | jax.Array, top_k: int = 0,
                   top_p: float = 1.0) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Draw one token per row, each row with its own PRNG key.
 
     Args:
       logits_rv: float [R, V] raw policy logits.
       keys_r: [R] typed PRNG keys; row r's draw depends only on ``keys_r[r]`` and ``logits_rv[r]``.
-      temperature: 0 = greedy (first argmax of the raw logits; ``keys_r`` unused).
+      temperature: 0 = greedy (first argmax of the raw logits; ``keys_r`` unused). A Python number
+        compiles only its own case; a traced float32 scalar (>= 0) compiles greedy, temperature 1 and
+        any other temperature as branches of one ``lax.switch``, so greedy evaluation and sampling share
+        one program and each draw runs only its branch.
     Returns:
       tokens_r int32 [R];
       sample_logprobs_r float32 [R]: natural-log probability of the token under the distribution it was
@@ -137,12 +143,24 @@ def sample_tokens(logits_rv: jax.Array, keys_r: jax.Array, *, temperature: float
         temperature 1, no filtering), which is what a teacher-forced forward pass gives.
     """
     logits_rv = logits_rv.astype(jnp.float32)
+    if not isinstance(temperature, (int, float)):
+        branches = [functools.partial(sample_tokens, keys_r=keys_r, temperature=t, top_k=top_k, top_p=top_p)
+                    for t in (0.0, 1.0)]
+        branches.append(lambda x: _sample_scaled(x, keys_r, temperature, top_k, top_p))
+        case = jnp.where(temperature == 0, 0, jnp.where(temperature == 1, 1, 2))
+        return jax.lax.switch(case, branches, logits_rv)
     if temperature == 0:
         tokens = argmax_first(logits_rv)
         return tokens, jnp.zeros(tokens.shape, jnp.float32), _logprob_of(logits_rv, tokens)
-    unfiltered = temperature == 1.0 and top_p >= 1.0 and not 0 < top_k < logits_rv.shape[-1]
-    filtered = logits_rv if unfiltered else filter_logits(logits_rv, temperature=temperature, top_k=top_k,
-                                                          top_p=top_p)
+    if temperature == 1.0 and top_p >= 1.0 and not 0 < top_k < logits_rv.shape[-1]:  # the policy itself
+        tokens, log_norm = _inverse_cdf(logits_rv, keys_r)
+        sample_lp = _logprob_of(logits_rv, tokens, log_norm)
+        return tokens, sample_lp, sample_lp
+    return _sample_scaled(logits_rv, keys_r, temperature, top_k, top_p)
+
+
+def _sample_scaled(logits_rv, keys_r, temperature, top_k, top_p):
+    """:func:`sample_tokens` for a temperature > 0 (a number or a traced scalar) with the filters applied."""
+    filtered = filter_logits(logits_rv, temperature=temperature, top_k=top_k, top_p=top_p)
     tokens, log_norm = _inverse_cdf(filtered, keys_r)
-    sample_lp = _logprob_of(filtered, tokens, log_norm)
-    return tokens, sample_lp, sample_lp if unfiltered else _logprob_of(logits_rv, tokens)
+    return tokens, _logprob_of(filtered, tokens, log_norm), _logprob_of(logits_rv, tokens)

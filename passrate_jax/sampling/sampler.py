@@ -153,6 +153,7 @@ class Sampler:
         self.prefill_batches = 0  # prefill and append program executions
         self.prefill_tokens = 0   # real tokens run through those programs
         self._store_capacity = (0, 0)  # the largest shared store so far: the next step's starts there
+        self._reserved = (0, 0)  # reserve_store's capacity: every store starts there
         prefilled = core.PrefillOutput(last_logits_cv=rows2, cache=cache)
         rowspec = core.RowSpec(*(rows1,) * 5)
         state = core.SamplingState(
@@ -167,10 +168,10 @@ class Sampler:
                                for grows in (False, True)}
         self._append = jax.jit(self._append_impl, in_shardings=(self.param_shardings, cache, rows1, rows2, rows1, rows1),
                                out_shardings=prefilled)
-        decode_in = (self.param_shardings, prefilled, rowspec, replicated, replicated)
-        self._decode = jax.jit(functools.partial(self._decode_impl, keep_cache=False), static_argnums=(5,),
+        decode_in = (self.param_shardings, prefilled, rowspec, replicated, replicated, replicated)
+        self._decode = jax.jit(functools.partial(self._decode_impl, keep_cache=False), static_argnums=(6,),
                                in_shardings=decode_in, out_shardings=state)
-        self._decode_live = jax.jit(functools.partial(self._decode_impl, keep_cache=True), static_argnums=(5,),
+        self._decode_live = jax.jit(functools.partial(self._decode_impl, keep_cache=True), static_argnums=(6,),
                                     in_shardings=decode_in, out_shardings=state.replace(cache=cache))
 
     # ------------------------------------------------------------------ jitted programs
@@ -184,10 +185,10 @@ class Sampler:
         return core.append(params, live, parent_c, tokens_ca, start_c, length_c, graphdef=self.graphdef,
                            layout=self.layout)
 
-    def _decode_impl(self, params, prefilled, rows, seed, stop_ids, settings, *, keep_cache):
+    def _decode_impl(self, params, prefilled, rows, seed, stop_ids, temperature, settings, *, keep_cache):
         self.compilations += 1
-        final = core.decode(params, prefilled, rows, seed, stop_ids, graphdef=self.graphdef, settings=settings,
-                            layout=self.layout)
+        final = core.decode(params, prefilled, rows, seed, stop_ids, temperature, graphdef=self.graphdef,
+                            settings=settings, layout=self.layout)
         # Unless the rows stay live, the cache dies inside the program instead of being returned.
         return final if keep_cache else final.replace(cache=None)
 
@@ -196,6 +197,21 @@ class Sampler:
     def store_capacity(self) -> tuple[int, int]:
         """(contexts, slots) of the largest step store so far; a new :meth:`kv_store` starts there."""
         return self._store_capacity
+
+    def reserve_store(self, contexts: int, slots: int) -> tuple[int, int]:
+        """Size every prefix store from now on for ``contexts`` contexts of up to ``slots`` tokens (each
+        rounded up to its bucket), and decode every call from that many context slots: a run whose calls
+        stay within it compiles one prefill program per context-length bucket and one decode program
+        per row bucket, evaluation (greedy or sampled) included, instead of compiling them again
+        whenever a round outgrows its step's store. The cost: decode attends over the reserved slots
+        even where a call's contexts are shorter. Returns the reserved (contexts, slots)."""
+        if contexts < 1 or slots < 1:
+            raise ValueError(f"reserve_store(contexts={contexts}, slots={slots}): both must be >= 1")
+        cfg = self.cfg
+        self._reserved = (bucket(contexts, cfg.prefill_row_buckets, self.row_shards),
+                          bucket(slots, cfg.context_buckets))
+        self._store_capacity = tuple(max(a, b) for a, b in zip(self._store_capacity, self._reserved))
+        return self._reserved
 
     def kv_store(self, params: nnx.State | None = None) -> PrefixStore:
         """A prefix store for ``params`` (default: the model's at construction), to pass to every
@@ -274,7 +290,7 @@ class Sampler:
             store = PrefixStore(self._place(params), shared=False)
         elif params is not None:
             raise ValueError("pass params or a store, not both: a store holds the KV rows of one parameter state")
-        t = bucket(max(len(c.ids) for c in contexts), cfg.context_buckets)
+        t = max(bucket(max(len(c.ids) for c in contexts), cfg.context_buckets), self._reserved[1])
         if live_len is not None:
             _check_reach(contexts, cfg, live_len, "live_len")
             live_len = max(bucket(live_len, cfg.context_buckets), t)
@@ -300,8 +316,17 @@ class Sampler:
         t = bucket(max(map(len, ids)), cfg.context_buckets)
         capacity = self._capacity(store, len(keep) + len(ids), t, cfg)
         rows = store.place(ids, capacity[0], keep)
-        slots = [rows[new[c.ids if store.shared else i]] if s is None else s
-                 for i, (c, s) in enumerate(zip(contexts, slots))]
+        # More new contexts than the largest prefill bucket run as several batches of that bucket: one
+        # program whatever the call's size (an evaluation's 64 prompts and a round's few), and the
+        # prefill's activations stay bounded.
+        chunk = bucket(cfg.prefill_row_buckets[-1], cfg.prefill_row_buckets, self.row_shards)
+        for start in range(0, len(ids), chunk):
+            self._prefill_batch(store, ids[start:start + chunk], rows[start:start + chunk], t, capacity, cfg)
+        return [rows[new[c.ids if store.shared else i]] if s is None else s
+                for i, (c, s) in enumerate(zip(contexts, slots))]
+
+    def _prefill_batch(self, store: PrefixStore, ids, rows, t: int, capacity, cfg: SamplingConfig) -> None:
+        """Prefill contexts ``ids`` (at most the largest prefill bucket) into ``rows`` of a store of ``capacity``."""
         c_pad = bucket(len(ids), cfg.prefill_row_buckets, self.row_shards)
         tokens = np.full((c_pad, t), self.pad_id, np.int32)
         for i, x in enumerate(ids):
@@ -316,15 +341,15 @@ class Sampler:
                                                   jax.device_put(slot, self._rows1), capacity)
         store.prefilled += len(ids)
         self._count_prefill(store, len(ids), int(length.sum()))
-        return slots
 
     def _capacity(self, store: PrefixStore, contexts: int, slots: int, cfg: SamplingConfig) -> tuple[int, int]:
         """A capacity of at least ``contexts`` rows of ``slots`` tokens. A shared store starts at the
-        largest capacity used before (so later steps compile nothing new) and grows by buckets; an empty
-        store is allocated here (zeros, placed), a full one grows inside the prefill program."""
+        largest capacity used before (so later steps compile nothing new), any store at least at the
+        :meth:`reserve_store` capacity, and grows by buckets; an empty store is allocated here (zeros,
+        placed), a full one grows inside the prefill program."""
         c, t = store.capacity
-        if store.shared:
-            c, t = max(c, self._store_capacity[0]), max(t, self._store_capacity[1])
+        start = self._store_capacity if store.shared else self._reserved
+        c, t = max(c, start[0]), max(t, start[1])
         need = (bucket(contexts, cfg.prefill_row_buckets, self.row_shards) if contexts > c else c, max(t, slots))
         if store.arrays is None:
             shapes = jax.eval_shape(lambda: core.PrefillOutput(
@@ -370,13 +395,12 @@ class Sampler:
         stop = list(dict.fromkeys(i for i in (self.eos_id, *cfg.stop_token_ids) if i is not None))
         stop_ids = np.full(bucket(len(stop), (8,)), -1, np.int32)  # -1 never matches a token
         stop_ids[: len(stop)] = stop
-        settings = core.DecodeSettings(temperature=float(cfg.temperature), top_k=int(cfg.top_k),
-                                       top_p=float(cfg.top_p), pad_id=self.pad_id, gen_len=g,
-                                       context_len=context_len, cache_len=live_len or context_len + g)
+        settings = core.DecodeSettings(top_k=int(cfg.top_k), top_p=float(cfg.top_p), pad_id=self.pad_id,
+                                       gen_len=g, context_len=context_len, cache_len=live_len or context_len + g)
         replicated = NamedSharding(self.mesh, P())
         decode = self._decode if live_len is None else self._decode_live
-        final = decode(store.params, prefilled, rows, jax.device_put(np.int32(seed), replicated),
-                       jax.device_put(stop_ids, replicated), settings)
+        scalars = jax.device_put((np.int32(seed), stop_ids, np.float32(cfg.temperature)), replicated)
+        final = decode(store.params, prefilled, rows, *scalars, settings)
         # to_host gathers rows living on other hosts' devices: every host gets every completion.
         out = to_host((final.tokens_rg, final.logprobs_rg, final.policy_logprobs_rg, final.length_r,
                        final.stopped_r))
