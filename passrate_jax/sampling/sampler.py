@@ -395,8 +395,13 @@ class Sampler:
         stop = list(dict.fromkeys(i for i in (self.eos_id, *cfg.stop_token_ids) if i is not None))
         stop_ids = np.full(bucket(len(stop), (8,)), -1, np.int32)  # -1 never matches a token
         stop_ids[: len(stop)] = stop
+        # Row i writes positions below len(context) + budget. A reserved store is sized for every row's
+        # reach: generated keys then go into the empty context slots past each row's context and the
+        # decode cache needs no slots of its own (without a reservation, keep one cache length per bucket).
+        fits = self._reserved[1] > 0 and max(n + b for n, b in zip(lengths, budgets)) <= context_len
         settings = core.DecodeSettings(top_k=int(cfg.top_k), top_p=float(cfg.top_p), pad_id=self.pad_id,
-                                       gen_len=g, context_len=context_len, cache_len=live_len or context_len + g)
+                                       gen_len=g, context_len=context_len,
+                                       cache_len=live_len or context_len + (0 if fits else g))
         replicated = NamedSharding(self.mesh, P())
         decode = self._decode if live_len is None else self._decode_live
         scalars = jax.device_put((np.int32(seed), stop_ids, np.float32(cfg.temperature)), replicated)
