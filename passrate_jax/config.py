@@ -223,7 +223,8 @@ class Config:
             # from stored token ids only, so "False" would silently train against zero log-probabilities.
             raise ConfigError("rl.recompute_old_logprobs = False: the training loop recomputes the old "
                               "log-probabilities with the trainer (it does not carry the sampler's); set it to true")
-        if self.warm_start.misread_rate > 0 and (self.data.source != "builtin" or self.data.task == "countdown"):
+        if (self.warm_start.enabled and self.warm_start.misread_rate > 0
+                and (self.data.source != "builtin" or self.data.task == "countdown")):
             raise ConfigError(f"warm_start.misread_rate = {self.warm_start.misread_rate}: misread demonstrations "
                               f"need data.source builtin and data.task arithmetic or columns (got {self.data.source}, "
                               f"{self.data.task})")

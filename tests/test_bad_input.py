@@ -49,8 +49,11 @@ def test_a_preset_that_switches_to_a_file_must_reset_builtin_keys():
     # configs/default.yaml sets max_level and train_size for its built-in task; a preset based on it
     # that reads a file must set them back to 0 (qwen3_gsm8k.yaml does), not have them silently ignored.
     with pytest.raises(ConfigError, match=r"data\.max_level = 6: ignored by source jsonl"):
-        load_config("configs/default.yaml", ["data.source=jsonl", "data.path=x.jsonl"])
-    load_config("configs/qwen3_gsm8k.yaml")
+        load_config("configs/default.yaml", ["data.source=jsonl", "data.path=x.jsonl", "warm_start.misread_rate=0"])
+    with pytest.raises(ConfigError, match=r"warm_start\.misread_rate = 0\.7: misread demonstrations need"):
+        load_config("configs/default.yaml", ["data.source=jsonl", "data.path=x.jsonl", "data.max_level=0",
+                                              "data.train_size=0"])
+    load_config("configs/qwen3_gsm8k.yaml")  # its warm start is off: the misread setting is moot
 
 
 def test_missing_prompt_file_is_named_before_compute(tmp_path, no_model):

@@ -69,10 +69,11 @@ def test_bad_overrides_name_key_value_and_allowed(override, fragments):
 
 
 def test_lr_schedule_note_counts_optimizer_updates():
-    # The default preset's cosine decay spans its 50 steps at one update per step ...
-    assert load_config(CONFIGS[0].parent / "default.yaml").lr_schedule_note() is None
-    # ... and ends at step 13 of 50 with four minibatches per step: the run is told so.
-    note = load_config(CONFIGS[0].parent / "default.yaml", ["rl.minibatches=4"]).lr_schedule_note()
+    # A cosine decay over the default preset's 50 steps at one update per step (45 after 5 of warm-up) ...
+    decay = ["optimizer.decay_steps=45", "optimizer.final_lr_fraction=0"]
+    assert load_config(CONFIGS[0].parent / "default.yaml", decay).lr_schedule_note() is None
+    # ... ends at step 13 of 50 with four minibatches per step: the run is told so.
+    note = load_config(CONFIGS[0].parent / "default.yaml", decay + ["rl.minibatches=4"]).lr_schedule_note()
     assert "update 50 (step 13 of 50, 4 updates per step)" in note and "stays at 0" in note
     assert load_config(None, ["optimizer.decay_steps=0", "rl.minibatches=4"]).lr_schedule_note() is None
 
