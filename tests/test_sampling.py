@@ -212,11 +212,17 @@ def test_traced_temperature_draws_what_each_static_temperature_draws(top_k):
     from passrate_jax.sampling.distributions import sample_tokens
     logits = jax.random.normal(jax.random.key(0), (16, 40)) * 3
     keys = jax.random.split(jax.random.key(1), 16)
-    traced = jax.jit(lambda t: sample_tokens(logits, keys, temperature=t, top_k=top_k, top_p=0.9))
+    traces = []
+
+    def draw(t):
+        traces.append(t)  # runs once per trace, i.e. once per compiled program
+        return sample_tokens(logits, keys, temperature=t, top_k=top_k, top_p=0.9)
+
+    traced = jax.jit(draw)
     for temperature in (0.0, 1.0, 0.7):
         want = sample_tokens(logits, keys, temperature=temperature, top_k=top_k, top_p=0.9)
         got = traced(jnp.float32(temperature))
         np.testing.assert_array_equal(got[0], want[0])
         np.testing.assert_allclose(got[1], want[1], atol=1e-5)
         np.testing.assert_allclose(got[2], want[2], atol=1e-5)
-    assert traced._cache_size() == 1
+    assert len(traces) == 1
