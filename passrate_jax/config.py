@@ -13,7 +13,7 @@ from typing import Literal
 
 import yaml
 
-from passrate_jax.allocation.config import AllocationConfig, PrefixSamplingConfig
+from passrate_jax.allocation.config import AllocationConfig, PrefixSamplingConfig, check_prefix_sampling
 from passrate_jax.configlib import (ConfigError, apply_overrides, build, option, read_preset, section,  # noqa: F401
                                    to_dict)
 from passrate_jax.model.config import ModelConfig
@@ -228,6 +228,14 @@ class Config:
             raise ConfigError(f"warm_start.misread_rate = {self.warm_start.misread_rate}: misread demonstrations "
                               f"need data.source builtin and data.task arithmetic or columns (got {self.data.source}, "
                               f"{self.data.task})")
+        self._check_prefix_sampling()
+
+    def _check_prefix_sampling(self) -> None:
+        check_prefix_sampling(self.prefix_sampling, self.allocation)
+        ps = self.prefix_sampling
+        if ps.enabled and ps.granularity == "lines" and self.data.source == "env":
+            raise ConfigError("prefix_sampling.granularity = 'lines': a multi-turn environment's prefix is cut at "
+                              "whole assistant turns already; lines applies to text tasks only (use tokens)")
 
     def lr_schedule_note(self) -> str | None:
         """A warning when the learning-rate schedule ends before the run does: warm-up and decay count

@@ -27,13 +27,26 @@ from passrate_jax.sampling.sampler import Context, Sampler, bucket
 WIDTH_BUCKETS = (64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192)
 
 
-def cut_prefix(response: Sequence[int], ratio: float, newline_id: int | None = None) -> list[int]:
+def cut_prefix(response: Sequence[int], ratio: float, newline_id: int | None = None,
+               granularity: str = "tokens") -> list[int]:
     """The first ``ratio`` of a response's tokens, at least 1 and at most ``len - 1`` (a prefix never
     holds the whole answer or its end token). When a line break lies within the last 10% of the cut,
-    the cut snaps back to just after it, so the replayed prefix ends on a whole step (DESIGN 2.4)."""
+    the cut snaps back to just after it, so the replayed prefix ends on a whole step (DESIGN 2.4).
+
+    ``granularity`` "lines": the first round(ratio * L) (half up) of the response's L lines instead, at
+    least 1 and at most L - 1, each line ending on its ``newline_id`` (the last line is what follows the
+    last line break, if anything); a response of one line is cut by tokens."""
     n = len(response)
     if n < 2:
         return []
+    if granularity == "lines" and newline_id is not None:
+        ends = [j + 1 for j, tok in enumerate(response) if tok == newline_id]  # where each full line ends
+        lines = len(ends) + (not ends or ends[-1] < n)
+        if lines > 1:
+            k = min(max(int(math.floor(ratio * lines + 0.5)), 1), lines - 1)
+            return list(response[:ends[k - 1]])
+    elif granularity not in ("tokens", "lines"):
+        raise ValueError(f"granularity = {granularity!r}: must be 'tokens' or 'lines'")
     cut = min(max(int(math.floor(ratio * n)), 1), n - 1)
     if newline_id is not None:
         window = max(1, math.ceil(0.1 * cut))
@@ -123,15 +136,17 @@ class TextGroup:
 class TextRollouts(StepKV):
     """The text backend. ``prompt_ids(i)``: prompt i's token ids (with BOS); ``decode``: ids -> text;
     ``verify(prompt_indices, texts)``: one reward per answer; ``max_new_tokens``: an answer's budget
-    (prefix included); ``newline_id``: where a Prefix Sampling cut may snap to; ``success_threshold``:
-    a reward at or above it is a success for the allocator (``data.reward_threshold``)."""
+    (prefix included); ``newline_id``: where a Prefix Sampling cut may snap to; ``prefix_granularity``:
+    tokens or lines (:func:`cut_prefix`); ``success_threshold``: a reward at or above it is a success for
+    the allocator (``data.reward_threshold``)."""
 
     def __init__(self, sampler: Sampler, prompt_ids: Callable[[int], Sequence[int]], *,
                  decode: Callable[[list[int]], str], verify: Callable[[list[int], list[str]], np.ndarray],
-                 max_new_tokens: int, pad_id: int, newline_id: int | None = None,
+                 max_new_tokens: int, pad_id: int, newline_id: int | None = None, prefix_granularity: str = "tokens",
                  success_threshold: float = 0.5, width_buckets: Sequence[int] = WIDTH_BUCKETS):
         self.sampler, self.prompt_ids, self.decode, self.verify = sampler, prompt_ids, decode, verify
         self.max_new_tokens, self.pad_id, self.newline_id = max_new_tokens, pad_id, newline_id
+        self.prefix_granularity = prefix_granularity
         self.success_threshold, self.width_buckets = float(success_threshold), tuple(width_buckets)
         self.groups: dict[int, TextGroup] = {}
 
@@ -139,7 +154,8 @@ class TextRollouts(StepKV):
     def for_session(cls, session) -> TextRollouts:
         return cls(session.sampler, session.prompt_ids, decode=session.decode, verify=session.verify,
                    max_new_tokens=session.cfg.sampling.max_new_tokens, pad_id=session.tokenizer.pad_id,
-                   newline_id=session.newline_id, success_threshold=session.cfg.data.reward_threshold)
+                   newline_id=session.newline_id, prefix_granularity=session.cfg.prefix_sampling.granularity,
+                   success_threshold=session.cfg.data.reward_threshold)
 
     # ------------------------------------------------------------------ a round
     def contexts(self, requests: Sequence[Request]) -> list[Context]:
@@ -152,7 +168,7 @@ class TextRollouts(StepKV):
                 prefix = []
                 if r.prefix is not None:
                     src = self.groups[r.prefix.source_group].completions[r.prefix.source_rollout]
-                    prefix = cut_prefix(src, r.prefix.cut_ratio, self.newline_id)
+                    prefix = cut_prefix(src, r.prefix.cut_ratio, self.newline_id, self.prefix_granularity)
                 g = self.groups[r.group_key] = TextGroup(prompt=r.prompt_id, prefix=prefix)
             out.append(Context(prompt_ids=self.prompt_ids(g.prompt), prefix_ids=g.prefix,
                                num_samples=r.num_rollouts, context_id=r.group_key,

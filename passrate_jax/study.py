@@ -20,7 +20,7 @@ import platform
 import time
 
 from passrate_jax.configlib import ConfigError
-from passrate_jax.study_methods import METHODS, NEUTRAL
+from passrate_jax.study_methods import DEFAULT_METHODS, METHODS, NEUTRAL, PS_INVESTIGATION
 
 DEFAULT_SEEDS = (0, 1, 2, 3, 4)
 QUICK_SEEDS = (0, 1)  # two seeds: the fewest a paired interval over seeds needs
@@ -118,7 +118,8 @@ def add_subparser(subparsers) -> None:
     p.add_argument("--quick", action="store_true", help="2 seeds, 12 short steps")
     p.add_argument("--seeds", type=int, nargs="+", default=None,
                    help=f"default: {' '.join(map(str, DEFAULT_SEEDS))} (--quick: {' '.join(map(str, QUICK_SEEDS))})")
-    p.add_argument("--methods", nargs="+", default=list(METHODS), help=f"default: all ({' '.join(METHODS)})")
+    p.add_argument("--methods", nargs="+", default=list(DEFAULT_METHODS),
+                   help=f"default: {' '.join(DEFAULT_METHODS)}; the PS investigation adds {' '.join(PS_INVESTIGATION)}")
     p.add_argument("--out", default=None, help="study directory (default: runs/study or runs/study_quick)")
     p.add_argument("--report", default=None, help="Markdown report (default: OUT/results.md)")
     p.add_argument("--target-fraction", type=float, default=0.8,

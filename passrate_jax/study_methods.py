@@ -31,9 +31,25 @@ METHODS: dict[str, tuple[str, tuple[str, ...]]] = {
                                       "prefix_sampling.mode=hard_only")),
     "ps_sara_dps": ("PS + SARA + DPS", ("allocation.method=sara", "allocation.selection.method=dps",
                                         "prefix_sampling.enabled=true", "prefix_sampling.mode=adaptive")),
+    # Why PS does or does not help (docs/design.md 2.4): PS adaptive with one switch changed each.
+    "ps_same_step": ("PS adaptive, replayed in the same step", (
+        "allocation.method=uniform", "prefix_sampling.enabled=true", "prefix_sampling.mode=adaptive",
+        "prefix_sampling.timing=same_step")),
+    "ps_on_top": ("PS adaptive, replays on top of B", (
+        "allocation.method=uniform", "prefix_sampling.enabled=true", "prefix_sampling.mode=adaptive",
+        "prefix_sampling.placement=on_top")),
+    "ps_lines": ("PS adaptive, prefixes of whole lines", (
+        "allocation.method=uniform", "prefix_sampling.enabled=true", "prefix_sampling.mode=adaptive",
+        "prefix_sampling.granularity=lines")),
 }
-# Every method starts from "no selection, no PS"; its overrides switch on what it uses.
-NEUTRAL = ("allocation.selection.method=none", "prefix_sampling.enabled=false")
+# The PS investigation's methods: run with ``passrate-jax study --methods grpo ps_adaptive ps_same_step ...``;
+# not in the default study.
+PS_INVESTIGATION = ("ps_same_step", "ps_on_top", "ps_lines")
+DEFAULT_METHODS = tuple(m for m in METHODS if m not in PS_INVESTIGATION)  # what ``study`` runs by default
+# Every method starts from "no selection, no PS" (and PS's switches at their defaults); its overrides
+# switch on what it uses.
+NEUTRAL = ("allocation.selection.method=none", "prefix_sampling.enabled=false", "prefix_sampling.timing=next_step",
+           "prefix_sampling.placement=in_place", "prefix_sampling.granularity=tokens")
 BASELINES = ("grpo", "ds")  # every ratio is reported against both
 
 

@@ -140,10 +140,15 @@ class Updater:
 
     def __init__(self, cfg: Config, session: Session):
         alloc = cfg.allocation
-        self.rows_unit = alloc.num_prompts * alloc.group_size
+        # The most groups a step trains: B, plus the replay slots when PS places its re-rollout groups on
+        # top. Every batch is padded to a multiple of it, so a run compiles one update program.
+        extra = cfg.prefix_sampling.extra_groups(alloc.num_prompts)
+        self.rows_unit = (alloc.num_prompts + extra) * alloc.group_size
         shards = session.mesh.shape["data"] * session.mesh.shape["fsdp"] * cfg.rl.minibatches * cfg.rl.grad_accum
         if self.rows_unit % shards:
-            raise ConfigError(f"allocation.num_prompts * group_size = {self.rows_unit}: must be divisible by mesh "
+            what = "allocation.num_prompts * group_size" if not extra else (
+                f"(allocation.num_prompts + {extra} replay slots on top) * group_size")
+            raise ConfigError(f"{what} = {self.rows_unit}: must be divisible by mesh "
                               f"data * fsdp * rl.minibatches * rl.grad_accum = {shards}")
         self.cfg, self.backend = cfg, session.backend
         optimizer = make_optimizer(cfg.optimizer)

@@ -11,7 +11,7 @@ from passrate_jax.config import load_config
 from passrate_jax.configlib import ConfigError
 from passrate_jax.study import make_plan, run_study
 from passrate_jax.study_analysis import analyse
-from passrate_jax.study_methods import CLAIMS, METHODS, NEUTRAL
+from passrate_jax.study_methods import CLAIMS, DEFAULT_METHODS, METHODS, NEUTRAL, PS_INVESTIGATION
 from passrate_jax.study_report import DISCUSSION_MARKER, fmt_interval, write_report
 from passrate_jax.study_stats import (factor_interval, first_reach, km_median, log_factor_bounds, mean_over,
                                       paired_bootstrap, verdict)
@@ -20,7 +20,8 @@ from tests.test_train_e2e import TINY, fake_verifier  # noqa: F401 - fixture
 # The preset of each method's composition (configs/); the study must run the same thing.
 PRESETS = {"grpo": "uniform", "ds": "ds", "ds_ideal": "ds_ideal", "mopps": "mopps", "dps": "dps", "sara": "sara",
            "sara_fixed": "sara_fixed", "sara_dps": "sara_dps", "pilot_commit": "pilot_commit",
-           "ps_adaptive": "ps", "ps_fixed": "ps_fixed", "ps_hard_only": "ps_hard_only", "ps_sara_dps": "ps_sara_dps"}
+           "ps_adaptive": "ps", "ps_fixed": "ps_fixed", "ps_hard_only": "ps_hard_only", "ps_sara_dps": "ps_sara_dps",
+           "ps_same_step": "ps_same_step", "ps_on_top": "ps_on_top", "ps_lines": "ps_lines"}
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -51,7 +52,11 @@ def test_study_command_defaults_and_errors(tmp_path, capsys):
     from passrate_jax.study import DEFAULT_SEEDS, QUICK_SEEDS
     assert len(DEFAULT_SEEDS) >= 5 and len(QUICK_SEEDS) >= 2  # paired intervals need seeds
     args = build_parser().parse_args(["study", "--quick"])
-    assert args.methods == list(METHODS) and args.seeds is None
+    assert args.methods == list(DEFAULT_METHODS) and args.seeds is None
+    assert len(DEFAULT_METHODS) == 13 and not set(PS_INVESTIGATION) & set(DEFAULT_METHODS)
+    assert set(DEFAULT_METHODS) | set(PS_INVESTIGATION) == set(METHODS)
+    plan = make_plan(None, ["grpo", *PS_INVESTIGATION], [0], [], str(tmp_path / "plan"), quick=True)
+    assert plan.methods == ("grpo", *PS_INVESTIGATION)
     assert main(["study", "--out", str(tmp_path), "--methods", "grpo", "sarah"]) == 2
     assert main(["study", "--out", str(tmp_path), "--target-fraction", "1.5"]) == 2
     err = capsys.readouterr().err

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from passrate_jax.allocation.config import AllocationConfig, PrefixSamplingConfig
+from passrate_jax.allocation.config import AllocationConfig, PrefixSamplingConfig, check_prefix_sampling
 from passrate_jax.allocation.group_queue import queue_init
 from passrate_jax.allocation.policies import UNBOUNDED, knobs_from_config, make_setup
 from passrate_jax.allocation.prefix_control import prefix_control_init
@@ -39,6 +39,7 @@ class Allocator:
         """``num_prompts``: size of the prompt dataset (prompt ids are 0 .. num_prompts - 1)."""
         if num_prompts < 1:
             raise ValueError(f"num_prompts = {num_prompts}: must be >= 1")
+        check_prefix_sampling(prefix_sampling, cfg)
         self.cfg = cfg
         self.ps = prefix_sampling
         self.num_prompts = num_prompts
@@ -49,9 +50,15 @@ class Allocator:
     def budget(self) -> float:
         """Rollouts a step may spend: ``cfg.budget``, else B * N for uniform and fixed-budget SARA,
         DS's worst case (gen_batch_multiple * max_gen_batches * B * N) for SARA fill (DESIGN 2.2),
-        unbounded for DS and Pilot-Commit, which their round limits bound."""
+        unbounded for DS and Pilot-Commit, which their round limits bound; plus N per replay slot when
+        Prefix Sampling places its re-rollout groups on top of B."""
         budget = int(self.knobs.budget)
         return float("inf") if budget >= UNBOUNDED else budget
+
+    @property
+    def max_groups(self) -> int:
+        """The most groups a step trains: B, plus the replay slots when re-rollout groups go on top."""
+        return self.cfg.num_prompts + self.ps.extra_groups(self.cfg.num_prompts)
 
     def init(self, key) -> AllocatorState:
         """Fresh state: uninformed selection models, empty queues, controllers at ratio_init."""

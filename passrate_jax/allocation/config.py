@@ -97,9 +97,39 @@ class PrefixSamplingConfig:
     ratio_min: float = option(0.05, gt=0, lt=1)
     ratio_max: float = option(0.95, gt=0, lt=1)
     max_replay_share: float = option(0.5, gt=0, le=1,
-                                     doc="at most this fraction of a step's B groups are re-rollout groups (ours)")
+                                     doc="a step opens at most int(max_replay_share * B) re-rollout groups (ours)")
+    timing: Literal["next_step", "same_step"] = option(
+        "next_step", doc="next_step: a step's skewed groups are replayed in the first round of the next step; "
+                         "same_step: in a later round of the same step, under the policy that produced them "
+                         "(one extra round a step for it)")
+    placement: Literal["in_place", "on_top"] = option(
+        "in_place", doc="in_place: re-rollout groups count toward the step's B trained groups (they take the "
+                        "place of fresh prompts; same budget); on_top: the step trains B fresh groups plus the "
+                        "re-rollout groups, and its rollout budget rises by int(max_replay_share * B) * N")
+    granularity: Literal["tokens", "lines"] = option(
+        "tokens", doc="how a text prefix is cut: tokens (r of the response's tokens, snapped back to a line break "
+                      "within the last 10% of the cut) or lines (round(r * L) of its L whole lines, at least one "
+                      "and never all; a one-line response is cut by tokens). Text tasks only")
 
     def validate(self) -> None:
         if not self.ratio_min <= self.ratio_init <= self.ratio_max:
             raise ConfigError(f"ratio_init = {self.ratio_init}: must lie in [ratio_min, ratio_max]"
                               f" = [{self.ratio_min}, {self.ratio_max}]")
+
+    def replay_slots(self, num_prompts: int) -> int:
+        """Re-rollout groups a step may open when enabled: int(max_replay_share * B)."""
+        return int(self.max_replay_share * num_prompts)
+
+    def extra_groups(self, num_prompts: int) -> int:
+        """Groups a step may train beyond B: the replay slots when enabled and placed on top, else 0."""
+        return self.replay_slots(num_prompts) if self.enabled and self.placement == "on_top" else 0
+
+
+def check_prefix_sampling(ps: PrefixSamplingConfig, cfg: AllocationConfig) -> None:
+    """Constraints between Prefix Sampling and the allocation it runs on; raises :class:`ConfigError`."""
+    if ps.enabled and ps.timing == "same_step" and ps.placement == "in_place" and ps.replay_slots(
+            cfg.num_prompts) >= cfg.num_prompts:
+        raise ConfigError(f"prefix_sampling.max_replay_share = {ps.max_replay_share}: with timing same_step and "
+                          f"placement in_place it holds back int(max_replay_share * B) = "
+                          f"{ps.replay_slots(cfg.num_prompts)} of the B = {cfg.num_prompts} groups for replays of "
+                          f"the step's own groups, leaving none to replay; use a share below 1 (or placement on_top)")

@@ -9,8 +9,9 @@
 
 ``setup`` (static) names the composition and its policy; ``knobs`` (arrays) holds the thresholds and
 gains a sweep varies. The machine owns what every method shares: Prefix Sampling's re-rollout groups
-(round 0), recording outcomes, completing groups to N, and the end-of-step updates of the selection
-models, queues and PS controllers. The method's own choices are its policy's (:mod:`.policies`).
+(:mod:`.replay`: round 0 of the next step, or later rounds of the same step), recording outcomes,
+completing groups to N, and the end-of-step updates of the selection models, queues and PS
+controllers. The method's own choices are its policy's (:mod:`.policies`).
 """
 
 from __future__ import annotations
@@ -20,18 +21,19 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from passrate_jax.allocation.group_queue import queue_expire, queue_push
-from passrate_jax.allocation.policies import Knobs, Setup, budget_left
-from passrate_jax.allocation.prefix_control import plan_replays, prefix_control_update
+from passrate_jax.allocation.group_queue import queue_expire
+from passrate_jax.allocation.policies import Knobs, Setup, toward_b, trained_toward_b
+from passrate_jax.allocation.prefix_control import prefix_control_update
+from passrate_jax.allocation.replay import open_replays, open_same_step, push_sources, source_rows
 from passrate_jax.allocation.selection import selection_update
-from passrate_jax.allocation.table import (CONFIRMED, DROPPED, PER_PROMPT_FIELDS, REJECTED, TRAINED, StepTable, afford,
+from passrate_jax.allocation.table import (CONFIRMED, DROPPED, PER_PROMPT_FIELDS, REJECTED, TRAINED, StepTable,
                                            close_rows, draw_thompson, observed, open_fresh, pending, shuffle_available,
-                                           split_rng, successes, table_init, take_rows)
+                                           successes, table_init, take_rows)
 
 
 def begin_step(setup: Setup, knobs: Knobs, state):
     """A fresh table for the step; ideal DS's surplus from the last step is trained first, then Prefix
-    Sampling's re-rollout groups are opened (requested in the first round)."""
+    Sampling's re-rollout groups are opened (requested in the first round), or, same-step, granted."""
     rng, step_rng = jax.random.split(state.key)
     state = state.replace(key=rng)
     t = table_init(setup.capacity, setup.N, setup.num_buckets, state.next_group_key, state.evicted, step_rng)
@@ -40,17 +42,26 @@ def begin_step(setup: Setup, knobs: Knobs, state):
     k = jnp.where(knobs.keep_surplus, setup.B, 0)
     t, q, _, _ = take_rows(t, q, k, q.stamp.astype(jnp.float32), CONFIRMED, lambda n: 0 * n, carried=True)
     t = _complete(setup, knobs, t, pending(t) & t.carried)
-    # Opened here, once a step, rather than tested for in every round.
-    state, t = _open_replays(setup, knobs, state.replace(surplus=q), t,
-                             jnp.where(knobs.ps_on & (t.trained < setup.B), setup.replay_slots, 0))
+    state = state.replace(surplus=q)
+    if setup.ps.timing == "same_step":
+        t = t.replace(replay_left=jnp.where(knobs.ps_on, setup.replay_slots, 0).astype(jnp.int32))
+    else:
+        # Opened here, once a step, rather than tested for in every round.
+        k = jnp.where(knobs.ps_on & (trained_toward_b(setup, t) < setup.B), setup.replay_slots, 0)
+        state, t, _ = open_replays(setup, knobs, state, t, k)
     return state, shuffle_available(close_rows(t), state.pilot_buffer)
 
 
 def plan_round(setup: Setup, knobs: Knobs, state, t: StepTable):
     """Plan the next round: the policy's requests (PS re-rollout groups, opened by
-    :func:`begin_step`, go in the first). Sets ``done`` when there is nothing to request (B groups
-    trained, round limit, budget, no prompts left)."""
-    go = ~t.done & (t.trained < setup.B) & (t.rounds < knobs.max_rounds)
+    :func:`begin_step`, go in the first; same-step ones are opened here). Sets ``done`` when there is
+    nothing to request (B groups trained, round limit, budget, no prompts left)."""
+    same_step = setup.ps.timing == "same_step"
+    go = ~t.done & (t.rounds < knobs.max_rounds)
+    if same_step:
+        state, t = open_same_step(setup, knobs, state, t, go)
+    replays = go & (t.bucket >= 0) if same_step else False  # requested even when B groups count already
+    go = go & (trained_toward_b(setup, t) < setup.B)
     planned_state, planned, op = setup.policy.plan(setup, knobs, state, t)
     # The prompts are chosen here, once for every policy (the selection is the costly part to compile).
     planned = open_fresh(planned, state.selection, planned_state.pilot_buffer, setup.cfg, knobs.selection, op.k,
@@ -58,34 +69,19 @@ def plan_round(setup: Setup, knobs: Knobs, state, t: StepTable):
     # Within a step a policy changes only the queues and the table; selecting just those keeps the
     # (large, per-prompt) selection models out of every round's copies. Without ``go`` the step ends
     # here, so the table's per-prompt fields (which nothing after the last round reads as planned) are
-    # not selected either: only the rows and scalars.
+    # not selected either: only the rows and scalars. Same-step replays may go on without ``go``: then
+    # every field is.
     queues = lambda st: (st.pilot_buffer, st.replay_queue, st.surplus)  # noqa: E731
     rows = lambda tb: {f.name: getattr(tb, f.name) for f in dataclasses.fields(tb)  # noqa: E731
-                       if f.name not in PER_PROMPT_FIELDS}
+                       if same_step or f.name not in PER_PROMPT_FIELDS}
     (buf, replay, surplus), kept = jax.tree.map(lambda a, b: jnp.where(go, a, b),
                                                 (queues(planned_state), rows(planned)), (queues(state), rows(t)))
     t = planned.replace(**kept)
     state = state.replace(pilot_buffer=buf, replay_queue=replay, surplus=surplus)
-    chunk = jnp.where(go & pending(t), t.chunk, 0)
+    chunk = jnp.where((go | replays) & pending(t), t.chunk, 0)
     asked = jnp.sum(chunk).astype(jnp.int32)
     return state, t.replace(chunk=chunk, spent=t.spent + asked, rounds=t.rounds + (asked > 0),
                             done=t.done | (asked == 0))
-
-
-def _open_replays(setup: Setup, knobs: Knobs, state, t: StepTable, k):
-    """Open up to ``k`` re-rollout groups from last step's skewed groups, in random order."""
-    k = jnp.minimum(k, afford(budget_left(knobs, t), setup.N))
-    q = state.replay_queue
-    t, use = split_rng(t)
-    prio = jax.random.uniform(use, (q.capacity,))
-    ratio = state.prefix_control.ratio
-    bucket, src = q.tag, q.aux
-    success = jnp.take_along_axis(q.rewards, src[:, None], axis=1)[:, 0] == 1
-    zero = jnp.zeros_like(q.n)
-    t, q, _, _ = take_rows(t, q, k, prio, CONFIRMED, lambda n: jnp.full_like(n, setup.N), key=None, n=zero,
-                           rewards=jnp.zeros_like(q.rewards), bucket=bucket, src_key=q.group_key, src_index=src,
-                           cut=ratio[bucket], src_success=success)
-    return state.replace(replay_queue=q), t
 
 
 def observe_round(setup: Setup, knobs: Knobs, state, t: StepTable, rewards, observed):
@@ -112,17 +108,22 @@ def observe_round(setup: Setup, knobs: Knobs, state, t: StepTable, rewards, obse
                       jnp.sum(new, axis=1).astype(jnp.float32), mode="drop"))
     completed = fresh & pending(t) & (t.n >= setup.N)
     t = _complete(setup, knobs, t, completed)
+    if setup.ps.timing == "same_step":  # replay sources as they come in, for the next round
+        state, t = push_sources(setup, knobs, state, t, source_rows(setup, t, completed))
     state, t = setup.policy.decide(setup, knobs, state, t, fresh & ~completed, completed)
     return state, close_rows(t)
 
 
 def _complete(setup: Setup, knobs: Knobs, t: StepTable, rows):
     """Rows that reached N rollouts: trained (in row order) while fewer than B are, if valid or the
-    method trains saturated groups; dropped otherwise."""
+    method trains saturated groups; dropped otherwise. Re-rollout groups placed on top of B do not
+    count toward it; in place, the slots held for same-step replays are not the fresh groups' to take."""
     s = successes(t)
     keep = rows & (((s > 0) & (s < t.n)) | knobs.train_saturated)
-    rank = t.trained + jnp.cumsum(keep) - 1
-    train = keep & (rank < setup.B)
+    counted = keep & toward_b(setup, t)
+    room = setup.B - t.replay_left if setup.ps.placement == "in_place" else setup.B
+    train = keep & (~counted | (trained_toward_b(setup, t) + jnp.cumsum(counted) - 1 < room))
+    rank = t.trained + jnp.cumsum(train) - 1
     status = jnp.where(train, TRAINED, jnp.where(rows, DROPPED, t.status))
     return t.replace(status=status, rank=jnp.where(train, rank, t.rank),
                      trained=t.trained + jnp.sum(train).astype(jnp.int32))
@@ -153,10 +154,12 @@ def finish_step(setup: Setup, knobs: Knobs, state, t: StepTable):
     control = prefix_control_update(state.prefix_control, t.replay_successes, t.replay_rollouts, setup.ps,
                                     knobs.gains)
     control = jax.tree.map(lambda new, old: jnp.where(knobs.ps_on, new, old), control, state.prefix_control)
-    t, use = split_rng(t)
-    sources = knobs.ps_on & (t.status == TRAINED) & (t.bucket < 0) & (t.n == setup.N)
-    eligible, bucket, src = plan_replays(use, t.rewards.astype(jnp.int32), setup.ps)
-    replay_queue = queue_push(replay_queue, t.prompt, t.key, t.n, s, t.rewards, bucket, src, now, sources & eligible)
+    if setup.ps.timing == "same_step":  # a source is replayed in its own step or never
+        replay_queue = replay_queue.replace(valid=jnp.zeros_like(replay_queue.valid))
+    else:
+        state, t = push_sources(setup, knobs, state.replace(replay_queue=replay_queue), t,
+                                source_rows(setup, t, jnp.ones_like(t.bucket, bool)))
+        replay_queue = state.replay_queue
     state = state.replace(step=now + 1, next_group_key=t.key_base + t.opened, evicted=t.evicted,
                           selection=selection, pilot_buffer=buf, replay_queue=replay_queue, surplus=surplus,
                           prefix_control=control)

@@ -23,8 +23,8 @@ from passrate_jax.allocation.group_queue import pilot_priority, queue_push
 from passrate_jax.allocation.prefix_control import ControllerGains, controller_gains, num_buckets
 from passrate_jax.allocation.sara import ABANDON, CONFIRM, sara_rule
 from passrate_jax.allocation.selection import METHODS
-from passrate_jax.allocation.table import (ABANDONED, ACTIVE, BUFFERED, CONFIRMED, DROPPED, StepTable, afford,
-                                           pending, successes, take_rows)
+from passrate_jax.allocation.table import (ABANDONED, ACTIVE, BUFFERED, CONFIRMED, DROPPED, TRAINED, StepTable,
+                                           afford, pending, successes, take_rows)
 
 UNBOUNDED = 1 << 30  # a rollout budget no step reaches (int32-safe)
 
@@ -59,11 +59,15 @@ def knobs_from_config(cfg: AllocationConfig, ps: PrefixSamplingConfig) -> Knobs:
     """The knobs the configs set."""
     policy = POLICIES[cfg.method]
     budget = cfg.budget if cfg.budget is not None else policy.default_budget(cfg)
+    # Re-rollout groups placed on top of B are paid on top of the method's budget; replays in the
+    # same step need one round after the last fresh groups complete.
+    budget += ps.extra_groups(cfg.num_prompts) * cfg.group_size
+    rounds = policy.max_rounds(cfg) + int(ps.enabled and ps.timing == "same_step")
     return Knobs(tau_confirm=jnp.float32(cfg.sara.tau_confirm), tau_abandon=jnp.float32(cfg.sara.tau_abandon),
                  schedule=jnp.asarray(cfg.sara.round_schedule, jnp.int32), gains=controller_gains(ps),
                  selection=jnp.int32(METHODS.index(cfg.selection.method)), ps_on=jnp.asarray(ps.enabled),
                  budget=jnp.int32(min(budget, UNBOUNDED)), keep_surplus=jnp.asarray(cfg.ds.keep_surplus),
-                 policy=jnp.int32(list(POLICIES).index(cfg.method)), max_rounds=jnp.int32(policy.max_rounds(cfg)),
+                 policy=jnp.int32(list(POLICIES).index(cfg.method)), max_rounds=jnp.int32(rounds),
                  train_saturated=jnp.asarray(policy.trains_saturated))
 
 
@@ -89,7 +93,7 @@ class Setup:
     @property
     def replay_slots(self) -> int:
         """Re-rollout groups a step may open when Prefix Sampling is on."""
-        return int(self.ps.max_replay_share * self.B)
+        return self.ps.replay_slots(self.B)
 
     @property
     def num_buckets(self) -> int:
@@ -137,13 +141,29 @@ class Policy(Protocol):
 
 
 def budget_left(knobs: Knobs, t: StepTable):
-    """Rollouts still free this step after what is already spent and requested."""
-    return knobs.budget - t.spent - jnp.sum(t.chunk)
+    """Rollouts still free this step after what is already spent and requested, and after the N of
+    each same-step re-rollout group the step may still open (``t.replay_left``, else 0)."""
+    return knobs.budget - t.spent - jnp.sum(t.chunk) - t.replay_left * t.rewards.shape[1]
+
+
+def toward_b(setup: Setup, t: StepTable):
+    """Rows whose groups count toward the step's B, bool [G]: all but re-rollout groups placed on top."""
+    return (t.bucket < 0) | (setup.ps.placement == "in_place")
+
+
+def trained_toward_b(setup: Setup, t: StepTable):
+    """Trained groups that count toward B (int32): ``t.trained`` less re-rollout groups placed on top."""
+    if setup.ps.placement == "in_place":
+        return t.trained
+    return jnp.sum((t.status == TRAINED) & toward_b(setup, t)).astype(jnp.int32)
 
 
 def slots(setup: Setup, t: StepTable):
-    """Groups the step still lacks: B minus those trained and those in progress."""
-    return setup.B - t.trained - jnp.sum(pending(t)).astype(jnp.int32)
+    """Groups the step still lacks: B minus those trained and in progress (counting toward B), and,
+    in place, minus the slots held for same-step re-rollout groups not yet opened."""
+    held = t.replay_left if setup.ps.placement == "in_place" else 0
+    busy = jnp.sum(pending(t) & toward_b(setup, t)).astype(jnp.int32)
+    return setup.B - held - trained_toward_b(setup, t) - busy
 
 
 def _no_decision(setup, knobs, state, t, fresh, completed):
@@ -194,8 +214,11 @@ class DynamicSampling:
         return setup.cfg.ds.gen_batch_multiple * setup.B
 
     def plan(self, setup, knobs, state, t):
-        # DAPO's reference code draws a full generation batch whatever is still missing.
+        # DAPO's reference code draws a full generation batch whatever is still missing (same-step
+        # replays aside: no batch while the missing groups are all replays in progress).
         k = jnp.minimum(self.max_open(setup), afford(budget_left(knobs, t), setup.N))
+        if setup.ps.timing == "same_step":
+            k = jnp.where(slots(setup, t) > 0, k, 0)
         return state, t, Opening.of(k, CONFIRMED, setup.N)
 
     def decide(self, setup, knobs, state, t, fresh, completed):

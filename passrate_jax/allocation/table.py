@@ -43,7 +43,9 @@ class StepTable:
     observed at its own step), rank (training order, -1 when not trained).
     Scalars: count (live rows, packed at the front), opened (groups opened this step: the next new
     group's key is key_base + opened), trained, spent (rollouts requested), rounds, done, overflow
-    (groups that found no free row: 0 unless a capacity is wrong; the host raises on it).
+    (groups that found no free row: 0 unless a capacity is wrong; the host raises on it), replay_left
+    (same-step Prefix Sampling: re-rollout groups the step may still open, their slots and rollouts held
+    back from the policy; 0 otherwise).
     used / evicted: bool [P]. rng: PRNG key. replay_successes / replay_rollouts: float32 [K].
     thompson: float32 [P], the step's MoPPS Thompson draws (zeros under another selection method).
     order: int32 [P], the prompts available at the start of the step first, in random order; cursor:
@@ -78,6 +80,7 @@ class StepTable:
     spent: jax.Array
     rounds: jax.Array
     done: jax.Array
+    replay_left: jax.Array
     used: jax.Array
     evicted: jax.Array
     rng: jax.Array
@@ -107,7 +110,7 @@ def table_init(capacity: int, group_size: int, num_buckets: int, key_base, evict
                      chunk=zi, probes=zi, prior_a=zf + 1, prior_b=zf + 1, bucket=zi - 1, src_key=zi,
                      src_index=zi, cut=zf, src_success=zb, pilot=zb, carried=zb, rank=zi - 1, count=z, opened=z,
                      overflow=z, key_base=jnp.asarray(key_base, jnp.int32), trained=z, spent=z, rounds=z,
-                     done=jnp.zeros((), bool), used=jnp.zeros_like(evicted), evicted=evicted, rng=rng,
+                     done=jnp.zeros((), bool), replay_left=z, used=jnp.zeros_like(evicted), evicted=evicted, rng=rng,
                      replay_successes=jnp.zeros((num_buckets,), jnp.float32),
                      replay_rollouts=jnp.zeros((num_buckets,), jnp.float32),
                      thompson=jnp.zeros(evicted.shape, jnp.float32), order=jnp.zeros(evicted.shape, jnp.int32),
