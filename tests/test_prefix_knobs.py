@@ -116,6 +116,15 @@ def test_same_step_on_top_adds_a_round_of_replays_after_b_fresh_groups():
     assert [len(r) for r in rounds] == [B] and len(result.groups) == B and result.rollouts_spent == B * N
 
 
+def test_same_step_ds_fills_held_slots_with_replays_not_another_batch():
+    a = Allocator(AllocationConfig(method="ds", num_prompts=B, group_size=N),
+                  PrefixSamplingConfig(enabled=True, timing="same_step"), P)
+    result, _, rounds = _run_step(a, a.init(jax.random.PRNGKey(0)), SKEWED)
+    # Round 0: one generation batch of 3B, B - R trained; round 1: R replays and no second batch.
+    assert [len(r) for r in rounds] == [3 * B, R] and all(r.prefix for r in rounds[1])
+    assert len(result.groups) == B and result.rollouts_spent == (3 * B + R) * N
+
+
 # --------------------------------------------------------------------------- the line cut
 NL = 0
 

@@ -28,7 +28,7 @@ from passrate_jax.allocation.replay import open_replays, open_same_step, push_so
 from passrate_jax.allocation.selection import selection_update
 from passrate_jax.allocation.table import (CONFIRMED, DROPPED, PER_PROMPT_FIELDS, REJECTED, TRAINED, StepTable,
                                            close_rows, draw_thompson, observed, open_fresh, pending, shuffle_available,
-                                           successes, table_init, take_rows)
+                                           split_rng, successes, table_init, take_rows)
 
 
 def begin_step(setup: Setup, knobs: Knobs, state):
@@ -45,6 +45,7 @@ def begin_step(setup: Setup, knobs: Knobs, state):
     state = state.replace(surplus=q)
     if setup.ps.timing == "same_step":
         t = t.replace(replay_left=jnp.where(knobs.ps_on, setup.replay_slots, 0).astype(jnp.int32))
+        t, _ = split_rng(t)  # as opening does: the step's prompt order is the same whatever the timing
     else:
         # Opened here, once a step, rather than tested for in every round.
         k = jnp.where(knobs.ps_on & (trained_toward_b(setup, t) < setup.B), setup.replay_slots, 0)
@@ -109,7 +110,11 @@ def observe_round(setup: Setup, knobs: Knobs, state, t: StepTable, rewards, obse
     completed = fresh & pending(t) & (t.n >= setup.N)
     t = _complete(setup, knobs, t, completed)
     if setup.ps.timing == "same_step":  # replay sources as they come in, for the next round
-        state, t = push_sources(setup, knobs, state, t, source_rows(setup, t, completed))
+        # A skewed group dropped for want of room (DS's surplus) is a source too: its replay can take
+        # a held slot that would otherwise cost another generation batch. Its key leaves the table's
+        # stream alone, so that the rounds' prompt choices are the same whatever the timing.
+        use = jax.random.fold_in(jax.random.fold_in(t.rng, 2), t.rounds)
+        state, t = push_sources(setup, knobs, state, t, source_rows(setup, t, completed, dropped=True), use)
     state, t = setup.policy.decide(setup, knobs, state, t, fresh & ~completed, completed)
     return state, close_rows(t)
 

@@ -17,18 +17,20 @@ import jax.numpy as jnp
 from passrate_jax.allocation.group_queue import queue_push
 from passrate_jax.allocation.policies import Knobs, Setup, budget_left, slots
 from passrate_jax.allocation.prefix_control import plan_replays
-from passrate_jax.allocation.table import (CONFIRMED, TRAINED, StepTable, afford, pending, split_rng, successes,
-                                           take_rows)
+from passrate_jax.allocation.table import (CONFIRMED, DROPPED, TRAINED, StepTable, afford, pending, split_rng,
+                                           successes, take_rows)
 
 
-def open_replays(setup: Setup, knobs: Knobs, state, t: StepTable, k):
-    """Open up to ``k`` re-rollout groups from the replay queue, in random order, each requesting N
-    rollouts from its source's prefix cut at its bucket's ratio. Returns (state, table, opened int32)."""
+def open_replays(setup: Setup, knobs: Knobs, state, t: StepTable, k, use=None):
+    """Open up to ``k`` re-rollout groups from the replay queue, in random order (drawn with key ``use``;
+    default: split from the table's), each requesting N rollouts from its source's prefix cut at its
+    bucket's ratio. Returns (state, table, opened int32)."""
     # The rollouts held back for same-step replays are these replays' to spend.
     free = budget_left(knobs, t) + t.replay_left * setup.N
     k = jnp.minimum(k, afford(free, setup.N))
     q = state.replay_queue
-    t, use = split_rng(t)
+    if use is None:
+        t, use = split_rng(t)
     prio = jax.random.uniform(use, (q.capacity,))
     ratio = state.prefix_control.ratio
     bucket, src = q.tag, q.aux
@@ -40,27 +42,33 @@ def open_replays(setup: Setup, knobs: Knobs, state, t: StepTable, k):
     return state.replace(replay_queue=q), t, jnp.sum(ok).astype(jnp.int32)
 
 
-def push_sources(setup: Setup, knobs: Knobs, state, t: StepTable, rows):
+def push_sources(setup: Setup, knobs: Knobs, state, t: StepTable, rows, use=None):
     """Push the rows with ``rows`` True (full fresh groups) of a replay-eligible bucket into the replay
-    queue, each with a random minority-outcome rollout as its source. Returns (state, table)."""
-    t, use = split_rng(t)
+    queue, each with a random minority-outcome rollout as its source, drawn with key ``use`` (default:
+    split from the table's). Returns (state, table)."""
+    if use is None:
+        t, use = split_rng(t)
     eligible, bucket, src = plan_replays(use, t.rewards.astype(jnp.int32), setup.ps)
     q = queue_push(state.replay_queue, t.prompt, t.key, t.n, successes(t), t.rewards, bucket, src, state.step,
                    knobs.ps_on & rows & eligible)
     return state.replace(replay_queue=q), t
 
 
-def source_rows(setup: Setup, t: StepTable, rows):
-    """Of ``rows``, the trained full fresh groups: a replay's possible sources."""
-    return rows & (t.status == TRAINED) & (t.bucket < 0) & (t.n == setup.N)
+def source_rows(setup: Setup, t: StepTable, rows, dropped: bool = False):
+    """Of ``rows``, the trained full fresh groups (and with ``dropped`` those dropped, e.g. a valid
+    group beyond the room left for fresh groups): a replay's possible sources."""
+    kept = (t.status == TRAINED) | ((t.status == DROPPED) & dropped)
+    return rows & kept & (t.bucket < 0) & (t.n == setup.N)
 
 
 def open_same_step(setup: Setup, knobs: Knobs, state, t: StepTable, go):
     """A same-step round's re-rollout groups: up to ``replay_left`` from the sources waiting in the
     queue (none unless ``go``). Once the fresh groups have filled their part of the step (no slot left
     to the policy), none of them is in progress and no source waits, no replay can come any more: the
-    slots still held go back to the policy."""
-    state, t, opened = open_replays(setup, knobs, state, t, jnp.where(go, t.replay_left, 0))
+    slots still held go back to the policy. The keys leave the table's random stream alone, so that the
+    rounds' prompt choices are the same whatever the timing."""
+    use = jax.random.fold_in(jax.random.fold_in(t.rng, 3), t.rounds)
+    state, t, opened = open_replays(setup, knobs, state, t, jnp.where(go, t.replay_left, 0), use)
     t = t.replace(replay_left=t.replay_left - opened)
     idle = (slots(setup, t) <= 0) & ~jnp.any(pending(t) & (t.bucket < 0)) & ~jnp.any(state.replay_queue.valid)
     return state, t.replace(replay_left=jnp.where(go & idle, 0, t.replay_left))
