@@ -151,9 +151,11 @@ def test_simulator_runs_the_allocator_step_for_step():
     Bernoulli draws gives the same groups and rollouts."""
     from passrate_jax.allocation.simulate import method_configs, population, run_method
     sim = SimulatorConfig(steps=3, num_prompts=40, seeds=1, drift=0.0)
-    for name in ("sara+dps+ps", "sara+ps"):  # a selection method's pool, and method none's per-step order
-        m = run_method(name, sim, AllocationConfig(num_prompts=B), PrefixSamplingConfig())
-        cfg, pcfg = method_configs(name, AllocationConfig(num_prompts=B), PrefixSamplingConfig())
+    # A selection method's pool, method none's per-step order, and PS's same-step replays on top of B.
+    for name, ps in (("sara+dps+ps", PrefixSamplingConfig()), ("sara+ps", PrefixSamplingConfig()),
+                     ("sara+ps", PrefixSamplingConfig(timing="same_step", placement="on_top"))):
+        m = run_method(name, sim, AllocationConfig(num_prompts=B), ps)
+        cfg, pcfg = method_configs(name, AllocationConfig(num_prompts=B), ps)
         allocator = Allocator(cfg, pcfg, sim.num_prompts)
         state = allocator.init(jax.random.PRNGKey(sim.seed))
         rates = population(sim, np.random.default_rng(sim.seed))
@@ -180,6 +182,7 @@ def test_simulator_runs_the_allocator_step_for_step():
             res, state = run.finish()
             assert res.rollouts_spent == m["spent"][0, t]
             assert sum(g.valid for g in res.groups) == m["valid"][0, t]
+            assert len(res.groups) == m["trained"][0, t] <= allocator.max_groups
 
 
 def test_a_grid_split_over_threads_gives_each_setting_the_numbers_of_one_call():
