@@ -210,6 +210,8 @@ def test_small_study_end_to_end(tmp_path, fake_verifier):  # noqa: F811
     paths = write_report(plan, analysis, str(report), command="passrate-jax study --quick")
     text = report.read_text()
     assert "| GRPO (uniform) | " in text and "| PS + SARA + DPS | " in text and "passrate-jax study --quick" in text
+    # A study of some methods says which in its title, not "every allocation method".
+    assert text.startswith("# Efficiency study: GRPO (uniform); DS (DAPO dynamic sampling); PS + SARA + DPS on")
     assert "Pilot-Commit" not in text.split("## Against")[0].split("## The source")[1]  # only claims with runs
     assert "22% fewer rollouts than DS" not in text  # SARA was not run
     assert text.endswith("my notes\n") and "old" not in text
