@@ -13,6 +13,9 @@ from typing import Literal
 # name -> (label, config overrides on top of the base preset). Each name has a preset of the same
 # composition in configs/ (tests/test_study.py checks they agree). SARA is the fill mode (B valid groups
 # per step, docs/design.md 2.2); `sara_fixed` the fixed-budget mode (B * N rollouts per step).
+# PS adaptive on uniform allocation: the ``ps_adaptive`` method, and the base the PS investigation's
+# methods each change one switch of.
+PS_ADAPTIVE = ("allocation.method=uniform", "prefix_sampling.enabled=true", "prefix_sampling.mode=adaptive")
 METHODS: dict[str, tuple[str, tuple[str, ...]]] = {
     "grpo": ("GRPO (uniform)", ("allocation.method=uniform",)),
     "ds": ("DS (DAPO dynamic sampling)", ("allocation.method=ds",)),
@@ -23,8 +26,7 @@ METHODS: dict[str, tuple[str, tuple[str, ...]]] = {
     "sara_fixed": ("SARA fixed budget", ("allocation.method=sara", "allocation.sara.mode=fixed_budget")),
     "sara_dps": ("SARA + DPS", ("allocation.method=sara", "allocation.selection.method=dps")),
     "pilot_commit": ("Pilot-Commit", ("allocation.method=pilot_commit",)),
-    "ps_adaptive": ("PS adaptive", ("allocation.method=uniform", "prefix_sampling.enabled=true",
-                                    "prefix_sampling.mode=adaptive")),
+    "ps_adaptive": ("PS adaptive", PS_ADAPTIVE),
     "ps_fixed": ("PS fixed 0.25", ("allocation.method=uniform", "prefix_sampling.enabled=true",
                                    "prefix_sampling.mode=fixed", "prefix_sampling.ratio_init=0.25")),
     "ps_hard_only": ("PS hard-only", ("allocation.method=uniform", "prefix_sampling.enabled=true",
@@ -32,15 +34,9 @@ METHODS: dict[str, tuple[str, tuple[str, ...]]] = {
     "ps_sara_dps": ("PS + SARA + DPS", ("allocation.method=sara", "allocation.selection.method=dps",
                                         "prefix_sampling.enabled=true", "prefix_sampling.mode=adaptive")),
     # Why PS does or does not help (docs/design.md 2.4): PS adaptive with one switch changed each.
-    "ps_same_step": ("PS adaptive, replayed in the same step", (
-        "allocation.method=uniform", "prefix_sampling.enabled=true", "prefix_sampling.mode=adaptive",
-        "prefix_sampling.timing=same_step")),
-    "ps_on_top": ("PS adaptive, replays on top of B", (
-        "allocation.method=uniform", "prefix_sampling.enabled=true", "prefix_sampling.mode=adaptive",
-        "prefix_sampling.placement=on_top")),
-    "ps_lines": ("PS adaptive, prefixes of whole lines", (
-        "allocation.method=uniform", "prefix_sampling.enabled=true", "prefix_sampling.mode=adaptive",
-        "prefix_sampling.granularity=lines")),
+    "ps_same_step": ("PS adaptive, replayed in the same step", (*PS_ADAPTIVE, "prefix_sampling.timing=same_step")),
+    "ps_on_top": ("PS adaptive, replays on top of B", (*PS_ADAPTIVE, "prefix_sampling.placement=on_top")),
+    "ps_lines": ("PS adaptive, prefixes of whole lines", (*PS_ADAPTIVE, "prefix_sampling.granularity=lines")),
 }
 # The PS investigation's methods: run with ``passrate-jax study --methods grpo ps_adaptive ps_same_step ...``;
 # not in the default study.
