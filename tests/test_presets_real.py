@@ -2,7 +2,9 @@
 
 * ``configs/default.yaml`` (overridden: run length, a 200-step warm start, level 1 only so that it gets
   some answers right, evaluation size): the built-in arithmetic task with its exact verifier, the
-  supervised warm start, SARA + adaptive Prefix Sampling, the 0.8M-parameter model.
+  supervised warm start, uniform allocation (GRPO) as shipped, the 0.8M-parameter model; and the same
+  preset switched to SARA + adaptive Prefix Sampling by its overrides (``configs/ps_sara_dps.yaml``'s
+  path without DPS).
 * ``configs/qwen3_gsm8k.yaml`` as written (bfloat16, chat template, ``\\boxed{}`` extraction, math-verify
   in its process pool, SARA + DPS + PS, ``rl.grad_accum = 64``) on a tiny random Qwen3 checkpoint and a
   word-level tokenizer built here. Overridden: the paths, the run length, the evaluation size and
@@ -22,9 +24,10 @@ from tests.test_train_hf import write_tokenizer
 SHORT = ["steps=2", "eval_every=2", "logging.tensorboard=false", "logging.progress_bar=false"]
 
 
-def test_default_preset_trains_with_the_task_verifier(tmp_path, warm_start_cache):
+def _short_default(tmp_path, warm_start_cache, overrides=()):
     cfg = load_config("configs/default.yaml", SHORT + [
-        "warm_start.steps=200", f"warm_start.cache_dir={warm_start_cache}", "data.eval_size=32", "data.max_level=1"])
+        "warm_start.steps=200", f"warm_start.cache_dir={warm_start_cache}", "data.eval_size=32", "data.max_level=1",
+        *overrides])
     assert cfg.data.resolved_verifier == "task"
     summary = train(cfg, str(tmp_path / "run"), progress=False, log=lambda *a: None)
     records = read_jsonl(tmp_path / "run" / "metrics.jsonl")
@@ -35,12 +38,26 @@ def test_default_preset_trains_with_the_task_verifier(tmp_path, warm_start_cache
     assert 0 < np.mean([r["train_accuracy"] for r in steps]) < 1
     trained = [r for r in steps if r["groups_trained"] > 0]
     assert trained and all(np.isfinite(r["update/loss"]) for r in trained)
-    assert "ps/ratio/1" in steps[0] and 0 <= records[-1]["eval_accuracy"] <= 1
+    assert 0 <= records[-1]["eval_accuracy"] <= 1
     # The preset as written also samples answers at each evaluation: their accuracy and its standard error.
     assert 0 <= records[-1]["eval_sampled_accuracy"] <= 1 and records[-1]["eval_sampled_accuracy_se"] >= 0
     # Its reserved prefix store: rounds and both evaluations share one prefill program per context bucket
     # (32 and 64 tokens) and one decode program per row bucket (64 and 128 rows); plus the update.
     assert records[-1]["compilations/sampler"] <= 4 and records[-1]["compilations/update"] == 1
+    return cfg, steps
+
+
+def test_default_preset_trains_with_the_task_verifier(tmp_path, warm_start_cache):
+    cfg, steps = _short_default(tmp_path, warm_start_cache)
+    # As shipped: GRPO, one round of B prompts x N rollouts a step, no prefixes.
+    assert (cfg.allocation.method, cfg.prefix_sampling.enabled) == ("uniform", False)
+    assert all(r["rounds"] == 1 and r["rollouts_step"] == 16 * 8 for r in steps)
+    assert not any(k.startswith("ps/") for k in steps[0])
+
+
+def test_default_preset_with_sara_and_prefix_sampling(tmp_path, warm_start_cache):
+    _, steps = _short_default(tmp_path, warm_start_cache, ["allocation.method=sara", "prefix_sampling.enabled=true"])
+    assert "ps/ratio/1" in steps[0] and any(r["rounds"] > 1 for r in steps)
 
 
 def _boxed_tokenizer(directory, vocab_size):

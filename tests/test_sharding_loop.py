@@ -2,7 +2,8 @@
 (data=2, fsdp=2, tensor=2), against one device: the whole loop (sampling, the task's verifier, SARA +
 adaptive Prefix Sampling, the update), not one update in isolation.
 
-The preset is shortened by overrides only: 3 steps, 8 prompts a step, 8 held-out prompts, a 200-step
+The preset (uniform allocation as shipped) is switched to SARA + adaptive Prefix Sampling, the path with
+the most host decisions (rounds, abandoned groups, prefixes), and shortened by overrides only: 3 steps, 8 prompts a step, 8 held-out prompts, a 200-step
 warm start on level 1 (so that some answers are right and groups are mixed: every step trains). The
 model initialisation and the optimizer (Adam eps 1e-8 included) are the preset's. The warm start is
 computed once (its cache is keyed by model, task and warm-start settings, not by the mesh), so the
@@ -41,7 +42,8 @@ import pytest
 from passrate_jax.train import NONDETERMINISTIC_METRICS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-OVERRIDES = ["steps=3", "eval_every=3", "data.eval_size=8", "data.max_level=1", "allocation.num_prompts=8",
+OVERRIDES = ["allocation.method=sara", "prefix_sampling.enabled=true", "prefix_sampling.mode=adaptive",
+             "steps=3", "eval_every=3", "data.eval_size=8", "data.max_level=1", "allocation.num_prompts=8",
              "warm_start.steps=200", "logging.tensorboard=false", "logging.progress_bar=false"]
 MESHES = ("8,1,1", "2,2,2")  # (data, fsdp, tensor)
 RTOL, ATOL = 1e-4, 1e-6  # update/* metrics (measured: 3e-6 relative, 2.6e-7 absolute)
