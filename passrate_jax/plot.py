@@ -62,8 +62,13 @@ def plot_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = Non
                 label=f"training (rollout reward, {window}-step mean)")
     for key, label in (("eval_accuracy", "held-out, greedy"), ("eval_sampled_accuracy", "held-out, sampled")):
         x, y = _series(records, key)
-        if len(x):
-            ax.plot(x, y, marker="o", label=label)
+        if not len(x):
+            continue
+        line, = ax.plot(x, y, marker="o", label=label)
+        xs, se = _series(records, f"{key}_se")
+        if len(xs) == len(x):  # a band of +- one standard error over prompts, where the run recorded it
+            ax.fill_between(x, y - se, y + se, color=line.get_color(), alpha=0.2, lw=0,
+                            label=f"{label}, +- 1 standard error")
     ax.set_xlabel("rollouts spent")
     ax.set_ylabel("accuracy")
     ax.legend()

@@ -3,7 +3,7 @@ method summaries over seeds, paired comparisons against GRPO and DS, and the cla
 
 **Target.** Set per seed from that seed's GRPO (uniform) run: the warm start's held-out accuracy plus
 ``target_fraction`` (default 0.8) of GRPO's gain to its plateau (the mean of its last
-``PLATEAU_EVALS`` evaluations). Seeds differ in their warm start, so each seed's runs are measured
+``PLATEAU_EVALS`` evaluations after step 0). Seeds differ in their warm start, so each seed's runs are measured
 against their own baseline. A run reaches the target at its first evaluation after step 0 at or above
 it; a run that never does is censored at its last evaluation (see ``study_stats``).
 
@@ -161,7 +161,8 @@ def analyse(runs: dict[str, dict[int, list[dict]]], *, target_fraction: float = 
         ps_warmup = min(PS_WARMUP_STEPS, last_step // 4)
     grpo = {s: eval_curve(r, metric)["accuracy"] for s, r in base.items()}
     starts = {s: float(a[0]) for s, a in grpo.items()}
-    plateaus = {s: float(a[-PLATEAU_EVALS:].mean()) for s, a in grpo.items()}
+    # The plateau never counts the warm start's own evaluation (a short run may have only 3 evaluations).
+    plateaus = {s: float(a[1:][-PLATEAU_EVALS:].mean()) if len(a) > 1 else float(a[0]) for s, a in grpo.items()}
     targets = {s: starts[s] + target_fraction * (plateaus[s] - starts[s]) for s in base}
     per_seed = {m: {s: seed_measures(r, metric, targets[s], ps_warmup) for s, r in by_seed.items() if s in targets}
                 for m, by_seed in runs.items()}

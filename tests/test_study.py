@@ -195,6 +195,13 @@ def test_analysis_of_synthetic_runs_with_known_answers():
     assert all(r["verdict"] == "inconclusive" for r in greedy["claims"] if r["claim"].measure.endswith("_target"))
 
 
+def test_plateau_of_a_short_run_leaves_out_the_warm_start():
+    # Three evaluations (steps 0, 4, 8, as --quick runs): the plateau is the mean of steps 4 and 8 only.
+    runs = {"grpo": {0: _run([0.2, 0.5, 0.7], 100, 4, steps=8, every=4)}}
+    a = analyse(runs)
+    assert a["plateaus"][0] == pytest.approx(0.6) and a["targets"][0] == pytest.approx(0.2 + 0.8 * 0.4)
+
+
 def test_small_study_end_to_end(tmp_path, fake_verifier):  # noqa: F811
     tiny = [t for t in TINY if not t.startswith("eval_every")] + ["allocation.num_prompts=4", "steps=4",
                                                                   "eval_every=2", "data.eval_size=4"]
