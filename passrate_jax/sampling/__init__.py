@@ -12,8 +12,9 @@ from passrate_jax.sampling.config import SamplingConfig
 
 # passrate_jax.config imports sampling.config while the sampler imports passrate_jax.config (via
 # sharding): the heavy names load on first use so that importing the config tree stays acyclic.
-_LAZY = {"Sampler": "sampler", "Context": "sampler", "SampleResult": "sampler", "training_rows": "sampler",
-         "bucket": "sampler", "PrefixStore": "prefix_store", "LiveRows": "prefix_store", "filter_logits": "distributions", "sample_tokens": "distributions"}
+_LAZY = {"Sampler": "sampler", "Context": "rows", "SampleResult": "rows", "training_rows": "rows", "bucket": "rows",
+         "PrefixStore": "prefix_store", "LiveRows": "prefix_store", "filter_logits": "distributions",
+         "sample_tokens": "distributions"}
 
 
 def __getattr__(name):
