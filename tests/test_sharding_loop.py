@@ -6,8 +6,8 @@ The preset (uniform allocation as shipped) is switched to SARA + adaptive Prefix
 the most host decisions (rounds, abandoned groups, prefixes), and shortened by overrides only: 3 steps,
 8 prompts a step, 8 held-out prompts, a 200-step warm start on level 1 (so that some answers are right
 and groups are mixed: every step trains). The model initialisation and the optimizer (Adam eps 1e-8
-included) are the preset's. The warm start is computed once (its cache is keyed by model, task and warm-start settings, not by the mesh), so the
-three runs start RL from the same weights.
+included) are the preset's. The warm start is computed once (its cache is keyed by model, task and
+warm-start settings, not by the mesh), so the three runs start RL from the same weights.
 
 Float results differ between layouts by reduction order, so a sampled token can flip where the
 uniform draw lands within that difference of a CDF boundary. What is compared, and how:
