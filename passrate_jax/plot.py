@@ -66,7 +66,7 @@ def plot_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = Non
             continue
         line, = ax.plot(x, y, marker="o", label=label)
         xs, se = _series(records, f"{key}_se")
-        if len(xs) == len(x):  # a band of +- one standard error over prompts, where the run recorded it
+        if np.array_equal(xs, x):  # a band of +- one standard error over prompts, where every point has one
             ax.fill_between(x, y - se, y + se, color=line.get_color(), alpha=0.2, lw=0,
                             label=f"{label}, +- 1 standard error")
     ax.set_xlabel("rollouts spent")
