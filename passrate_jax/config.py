@@ -204,6 +204,9 @@ class Config:
     eval_samples: int = option(0, ge=0, doc="answers sampled per held-out prompt at each evaluation, at "
                                "sampling.temperature: eval_sampled_accuracy is their mean accuracy (pass@1, the "
                                "expected reward RL maximises); 0: greedy accuracy only")
+    eval_greedy: Literal["every", "ends"] = option(
+        "every", doc="greedy held-out accuracy at every evaluation, or (ends) only at step 0 and the last step "
+        "when eval_samples > 0: greedy answers are a fifth of a 4-sample evaluation's cost")
     model: ModelConfig = section(ModelConfig)
     warm_start: WarmStartConfig = section(WarmStartConfig)
     data: DataConfig = section(DataConfig)

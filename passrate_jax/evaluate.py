@@ -29,20 +29,16 @@ class EvalPrompt:
 
 def evaluate(sampler: Sampler, params, prompts: Sequence[EvalPrompt], decode: Callable[[list[int]], str], *,
              seed: int = 0, num_samples: int = 0, ks: Sequence[int] = (1,), temperature: float = 1.0,
-             batch_contexts: int = 64) -> dict:
+             batch_contexts: int = 64, greedy: bool = True) -> dict:
     """Greedy accuracy of ``params`` on ``prompts`` (overall and per level), plus pass@k for each k in ``ks``
-    from ``num_samples`` sampled answers per prompt when ``num_samples > 0``.
+    from ``num_samples`` sampled answers per prompt when ``num_samples > 0``. ``greedy=False`` skips the
+    greedy answers (the sampled keys only; needs ``num_samples > 0``).
 
     Returns ``{"accuracy": float, "accuracy_by_level": {level: float}, "pass@k": float, ...}``.
     """
-    greedy_cfg = dataclasses.replace(sampler.cfg, temperature=0.0)
-    correct = np.zeros(len(prompts))
-    for start in range(0, len(prompts), batch_contexts):
-        chunk = prompts[start:start + batch_contexts]
-        result = sampler.generate([Context(p.prompt_ids, num_samples=1, context_id=start + i)
-                                   for i, p in enumerate(chunk)], seed=seed, params=params, cfg=greedy_cfg)
-        for row, ctx in enumerate(result.context_index):
-            correct[start + ctx] = chunk[ctx].verify(decode(result.completion(row)))
+    if not greedy and num_samples <= 0:
+        raise ValueError(f"evaluate(greedy=False, num_samples={num_samples}): nothing to evaluate")
+    correct = _greedy_correct(sampler, params, prompts, decode, seed, batch_contexts) if greedy else None
     successes = None
     if num_samples > 0:
         sample_cfg: SamplingConfig = dataclasses.replace(sampler.cfg, temperature=temperature)
@@ -57,24 +53,41 @@ def evaluate(sampler: Sampler, params, prompts: Sequence[EvalPrompt], decode: Ca
     return summarise(correct, [p.level for p in prompts], successes, num_samples, ks)
 
 
+def _greedy_correct(sampler: Sampler, params, prompts: Sequence[EvalPrompt], decode, seed: int,
+                    batch_contexts: int) -> np.ndarray:
+    """Per prompt, the verifier's score of its greedy answer."""
+    greedy_cfg = dataclasses.replace(sampler.cfg, temperature=0.0)
+    correct = np.zeros(len(prompts))
+    for start in range(0, len(prompts), batch_contexts):
+        chunk = prompts[start:start + batch_contexts]
+        result = sampler.generate([Context(p.prompt_ids, num_samples=1, context_id=start + i)
+                                   for i, p in enumerate(chunk)], seed=seed, params=params, cfg=greedy_cfg)
+        for row, ctx in enumerate(result.context_index):
+            correct[start + ctx] = chunk[ctx].verify(decode(result.completion(row)))
+    return correct
+
+
 def summarise(correct, levels, successes=None, num_samples: int = 0, ks: Sequence[int] = (1,)) -> dict:
     """The result dict of an evaluation: greedy accuracy overall and per level from per-prompt ``correct``
-    (0/1); with per-prompt ``successes`` out of ``num_samples``, the mean accuracy of the samples overall and
-    per level (``sampled_accuracy``: pass@1 estimated from all samples) and pass@k for each k <= ``num_samples``.
+    (0/1; None: no greedy keys); with per-prompt ``successes`` out of ``num_samples``, the mean accuracy of
+    the samples overall and per level (``sampled_accuracy``: pass@1 estimated from all samples) and pass@k
+    for each k <= ``num_samples``.
     ``mean@n`` is ``sampled_accuracy`` by its usual name. Every mean over prompts comes with its standard
     error over prompts (``accuracy_se``, ``sampled_accuracy_se``, ``pass@k_se``: sample standard deviation
     / sqrt(prompts); NaN below two prompts). ``per_prompt`` keeps the per-prompt arrays for
     :func:`paired_difference`."""
-    correct, levels = np.asarray(correct, float), np.asarray(levels)
+    levels = np.asarray(levels)
 
     def by_level(values):
         return {int(lv): float(values[levels == lv].mean()) for lv in np.unique(levels)}
 
-    out = {"accuracy": float(correct.mean()) if len(correct) else float("nan"),
-           "accuracy_se": standard_error(correct),
-           "accuracy_by_level": by_level(correct),
-           "per_prompt": {"correct": correct, "successes": None if successes is None else np.asarray(successes, int),
+    out = {"per_prompt": {"correct": None if correct is None else np.asarray(correct, float),
+                          "successes": None if successes is None else np.asarray(successes, int),
                           "num_samples": num_samples}}
+    if correct is not None:
+        correct = out["per_prompt"]["correct"]
+        out.update(accuracy=float(correct.mean()) if len(correct) else float("nan"),
+                   accuracy_se=standard_error(correct), accuracy_by_level=by_level(correct))
     if successes is not None:
         rate = np.asarray(successes, float) / num_samples
         out["sampled_accuracy"] = float(rate.mean()) if len(rate) else float("nan")

@@ -261,7 +261,7 @@ class TextRollouts(StepKV):
         from passrate_jax.sft import run_warm_start
         return run_warm_start(session.cfg, session.model, session.tokenizer, progress=progress, log=session.log)
 
-    def evaluate(self, session, params, *, seed: int, num_samples: int, ks) -> dict:
+    def evaluate(self, session, params, *, seed: int, num_samples: int, ks, greedy: bool = True) -> dict:
         """Greedy held-out accuracy (overall and per level); pass@k with ``num_samples``."""
         from passrate_jax.evaluate import EvalPrompt, evaluate
 
@@ -272,7 +272,7 @@ class TextRollouts(StepKV):
         if not prompts:
             return {"accuracy": float("nan"), "accuracy_by_level": {}}
         return evaluate(self.sampler, params, prompts, self.decode, seed=seed, num_samples=num_samples, ks=ks,
-                        temperature=session.cfg.sampling.temperature)
+                        temperature=session.cfg.sampling.temperature, greedy=greedy)
 
 
 def pack_rows(seqs, masks, rewards, group_ids, *, num_groups: int, rows: int, width_buckets: Sequence[int],

@@ -140,10 +140,10 @@ class Session:
             return None
         return self.backend.warm_start(self, progress)
 
-    def evaluate(self, params, *, seed: int = 0, num_samples: int = 0, ks=(1,)) -> dict:
-        """Greedy held-out accuracy (overall and per level) of ``params``; pass@k with ``num_samples``.
-        Environments: success of whole episodes."""
-        return self.backend.evaluate(self, params, seed=seed, num_samples=num_samples, ks=ks)
+    def evaluate(self, params, *, seed: int = 0, num_samples: int = 0, ks=(1,), greedy: bool = True) -> dict:
+        """Greedy held-out accuracy (overall and per level) of ``params``; pass@k with ``num_samples``
+        (``greedy=False``: those only). Environments: success of whole episodes."""
+        return self.backend.evaluate(self, params, seed=seed, num_samples=num_samples, ks=ks, greedy=greedy)
 
     def close(self) -> None:
         self.rewarder.close()

@@ -81,7 +81,7 @@ class _StopRequest:
 
 
 # Top-level config sections a resumed run may change: they do not alter what was computed so far.
-RESUMABLE_CHANGES = ("steps", "eval_every", "eval_samples", "checkpoint", "logging", "distributed")
+RESUMABLE_CHANGES = ("steps", "eval_every", "eval_samples", "eval_greedy", "checkpoint", "logging", "distributed")
 
 
 def resume_conflicts(cfg: Config, run_dir: str) -> list[str]:
@@ -99,10 +99,12 @@ def resume_conflicts(cfg: Config, run_dir: str) -> list[str]:
             and not (k not in saved and now.get(k) == defaults.get(k))]
 
 
-def eval_metrics(session: Session, params, cfg: Config) -> dict:
-    """Held-out metrics of ``params``: greedy accuracy overall and per level, and with ``cfg.eval_samples``
-    the mean accuracy of that many sampled answers per prompt (overall and per level)."""
-    ev = session.evaluate(params, seed=cfg.seed, num_samples=cfg.eval_samples)
+def eval_metrics(session: Session, params, cfg: Config, step: int | None = None) -> dict:
+    """Held-out metrics of ``params`` (after ``step``): greedy accuracy overall and per level (as
+    ``cfg.eval_greedy`` says), and with ``cfg.eval_samples`` the mean accuracy of that many sampled answers
+    per prompt (overall and per level)."""
+    greedy = (cfg.eval_greedy == "every" or cfg.eval_samples == 0 or step is None or step in (0, cfg.steps))
+    ev = session.evaluate(params, seed=cfg.seed, num_samples=cfg.eval_samples, greedy=greedy)
     out = {}
     for name, key in (("eval_accuracy", "accuracy"), ("eval_sampled_accuracy", "sampled_accuracy")):
         if key in ev:
@@ -259,8 +261,12 @@ class Stages:
     log: Callable
 
 
-def train(cfg: Config, run_dir: str, *, progress: bool = True, log=print) -> dict:
+def train(cfg: Config, run_dir: str, *, progress: bool = True, log=print,
+          start_metrics: dict | None = None) -> dict:
     """Train (or resume) a run in ``run_dir``; returns a summary with the last metrics record.
+
+    ``start_metrics``: the step-0 evaluation when it is already known (the study's runs of one seed start
+    from the same warm start and evaluate it on the same prompts with the same seed: one measures it for all).
 
     Multi-process (``cfg.distributed``): every process calls this with the same config and run directory
     (a shared file system or a gs:// path); see passrate_jax/distributed.py for how hosts stay in step."""
@@ -284,7 +290,8 @@ def train(cfg: Config, run_dir: str, *, progress: bool = True, log=print) -> dic
         log(f"resuming {run_dir} from the checkpoint of step {state.step}")
     reporter = Reporter(cfg, run_dir, None if ckpt.resume_from is None else state.step, primary=primary, progress=progress)
     if ckpt.resume_from is None:  # step 0: the starting point that training is measured against
-        reporter.write({"step": 0, "rollouts_total": 0, **eval_metrics(session, state.params, cfg)})
+        start = start_metrics if start_metrics is not None else eval_metrics(session, state.params, cfg, 0)
+        reporter.write({"step": 0, "rollouts_total": 0, **start})
     record, t_run = {}, time.perf_counter()
     with _StopRequest() as stop:
         for step in range(state.step + 1, cfg.steps + 1):
@@ -335,7 +342,7 @@ def train_step(s: Stages, state: RunState, step: int) -> tuple[RunState, dict]:
     backend.retain(ro.result.retained_keys)
     t2 = time.perf_counter()
     if step % cfg.eval_every == 0 or step == cfg.steps:
-        record.update(eval_metrics(s.session, params, cfg))
+        record.update(eval_metrics(s.session, params, cfg, step))
     record.update({"time/rollout_s": t1 - t0, "time/update_s": t2 - t1, "time/step_s": time.perf_counter() - t0,
                    "compilations/sampler": s.session.sampler.compilations,
                    "compilations/update": _compiled_programs(s.updater.fns.compiled), **s.session.data_metrics()})

@@ -9,6 +9,7 @@ import pytest
 
 from passrate_jax.config import load_config
 from passrate_jax.configlib import ConfigError
+from passrate_jax.metrics import read_jsonl
 from passrate_jax.study import make_plan, run_study
 from passrate_jax.study_analysis import analyse
 from passrate_jax.study_methods import CLAIMS, DEFAULT_METHODS, METHODS, NEUTRAL, PS_INVESTIGATION
@@ -202,11 +203,23 @@ def test_plateau_of_a_short_run_leaves_out_the_warm_start():
     assert a["plateaus"][0] == pytest.approx(0.6) and a["targets"][0] == pytest.approx(0.2 + 0.8 * 0.4)
 
 
-def test_small_study_end_to_end(tmp_path, fake_verifier):  # noqa: F811
+def test_small_study_end_to_end(tmp_path, fake_verifier, monkeypatch):  # noqa: F811
     tiny = [t for t in TINY if not t.startswith("eval_every")] + ["allocation.num_prompts=4", "steps=4",
                                                                   "eval_every=2", "data.eval_size=4"]
     plan = make_plan(None, ["grpo", "ds", "ps_sara_dps"], [0, 1], tiny, str(tmp_path / "study"), quick=True)
+    import passrate_jax.train as train_module
+    start_evaluations = []
+    evaluate = train_module.eval_metrics
+    monkeypatch.setattr(train_module, "eval_metrics", lambda session, params, cfg, step=None: (
+        start_evaluations.append(cfg.seed) if step == 0 else None, evaluate(session, params, cfg, step))[1])
     analysis = run_study(plan, progress=False)
+    # One step-0 evaluation per seed, reused by the seed's other methods; it is what each would measure.
+    assert start_evaluations == [0, 1]
+    firsts = {m: read_jsonl(plan.run_dir(m, 0) + "/metrics.jsonl")[0] for m in plan.methods}
+    assert firsts["grpo"] == firsts["ds"] == firsts["ps_sara_dps"]
+    alone = load_config(None, plan.config_overrides("ps_sara_dps", 0) + ["steps=0"])
+    train_module.train(alone, str(tmp_path / "alone"), progress=False, log=lambda *a: None)
+    assert read_jsonl(tmp_path / "alone" / "metrics.jsonl")[0] == firsts["ps_sara_dps"]
     assert set(analysis["methods"]) == {"grpo", "ds", "ps_sara_dps"} and analysis["metric"] == "eval_accuracy"
     for m in analysis["methods"].values():
         assert m["seeds"] == [0, 1] and m["rollouts_total"]["n"] == 2 and m["rollouts_total"]["mean"] > 0

@@ -150,6 +150,27 @@ def test_eval_cli_reproduces_final_eval(tmp_path, fake_verifier, capsys):
     assert levels and levels == {k.split("/")[-1] for k in final if k.startswith("eval_accuracy/level_")}
 
 
+def test_eval_greedy_ends_skips_greedy_between_the_ends_and_changes_nothing_else(tmp_path, fake_verifier):
+    """``eval_greedy=ends``: greedy accuracy at steps 0 and the last only; the sampled evaluation (its own
+    seed) and training are the same as with greedy answers at every evaluation."""
+    base = TINY + ["steps=4", "allocation.method=uniform", "data.eval_size=8", "eval_samples=2"]
+    runs = {}
+    for mode in ("every", "ends"):
+        train(load_config(None, base + [f"eval_greedy={mode}"]), str(tmp_path / mode), progress=False,
+              log=lambda *a: None)
+        runs[mode] = {r["step"]: r for r in read_jsonl(tmp_path / mode / "metrics.jsonl")}
+    every, ends = runs["every"], runs["ends"]
+    assert sorted(every) == sorted(ends) == [0, 1, 2, 3, 4]
+    assert all("eval_accuracy" in every[s] for s in (0, 2, 4))
+    assert "eval_accuracy" in ends[0] and "eval_accuracy" in ends[4] and "eval_accuracy" not in ends[2]
+    assert not any(k.startswith("eval_accuracy/") for k in ends[2])
+    for s in (0, 2, 4):
+        assert ends[s]["eval_sampled_accuracy"] == every[s]["eval_sampled_accuracy"]
+        assert ends[s]["eval_sampled_accuracy_se"] == every[s]["eval_sampled_accuracy_se"]
+    assert [ends[s]["update/loss"] for s in (1, 2, 3, 4)] == [every[s]["update/loss"] for s in (1, 2, 3, 4)]
+    assert ends[4]["eval_accuracy"] == every[4]["eval_accuracy"]
+
+
 def test_eval_vs_warm_start_pairs_the_starting_point_with_the_checkpoint(tmp_path, fake_verifier, capsys):
     """``eval --vs-warm-start`` re-evaluates the run's cached warm start: its greedy accuracy is the run's
     own step-0 evaluation, and the paired difference adds up."""

@@ -108,7 +108,8 @@ def limits(session) -> tuple[int, int, int]:
             session.sampler.model_cfg.max_position_embeddings)
 
 
-def evaluate(session, params, *, seed: int = 0, num_samples: int = 0, ks=(1,), batch_contexts: int = 64) -> dict:
+def evaluate(session, params, *, seed: int = 0, num_samples: int = 0, ks=(1,), batch_contexts: int = 64,
+             greedy: bool = True) -> dict:
     """Held-out success of ``params``: greedy episodes (overall and per level), plus pass@k from
     ``num_samples`` sampled episodes per task at the configured temperature. Same keys as
     ``passrate_jax.evaluate.evaluate``."""
@@ -136,7 +137,7 @@ def evaluate(session, params, *, seed: int = 0, num_samples: int = 0, ks=(1,), b
                 out[lo + j // n] += r.reward >= threshold
         return out
 
-    correct = successes(1, dataclasses.replace(session.sampler.cfg, temperature=0.0), seed)
+    correct = successes(1, dataclasses.replace(session.sampler.cfg, temperature=0.0), seed) if greedy else None
     counts = None
     if num_samples > 0:
         counts = successes(num_samples, dataclasses.replace(session.sampler.cfg,

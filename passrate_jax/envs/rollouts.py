@@ -170,6 +170,6 @@ class EnvRollouts(StepKV):
         """Supervised warm start on expert trajectories, executed in the environment."""
         return env_data.warm_start(session, progress)
 
-    def evaluate(self, session, params, *, seed: int, num_samples: int, ks) -> dict:
+    def evaluate(self, session, params, *, seed: int, num_samples: int, ks, greedy: bool = True) -> dict:
         """Success of whole held-out episodes (``passrate_jax.envs.data.evaluate``)."""
-        return env_data.evaluate(session, params, seed=seed, num_samples=num_samples, ks=ks)
+        return env_data.evaluate(session, params, seed=seed, num_samples=num_samples, ks=ks, greedy=greedy)
