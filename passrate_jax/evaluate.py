@@ -77,15 +77,14 @@ def summarise(correct, levels, successes=None, num_samples: int = 0, ks: Sequenc
     / sqrt(prompts); NaN below two prompts). ``per_prompt`` keeps the per-prompt arrays for
     :func:`paired_difference`."""
     levels = np.asarray(levels)
+    correct = None if correct is None else np.asarray(correct, float)
 
     def by_level(values):
         return {int(lv): float(values[levels == lv].mean()) for lv in np.unique(levels)}
 
-    out = {"per_prompt": {"correct": None if correct is None else np.asarray(correct, float),
-                          "successes": None if successes is None else np.asarray(successes, int),
+    out = {"per_prompt": {"correct": correct, "successes": None if successes is None else np.asarray(successes, int),
                           "num_samples": num_samples}}
     if correct is not None:
-        correct = out["per_prompt"]["correct"]
         out.update(accuracy=float(correct.mean()) if len(correct) else float("nan"),
                    accuracy_se=standard_error(correct), accuracy_by_level=by_level(correct))
     if successes is not None:

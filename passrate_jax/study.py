@@ -70,12 +70,14 @@ def make_plan(base_config: str, methods, seeds, overrides, out_dir: str, quick: 
     return plan
 
 
-def _finished(run_dir: str, steps: int) -> bool:
+def _records(run_dir: str) -> list[dict]:
+    """A run's metrics records (none before it starts)."""
     from passrate_jax.metrics import read_jsonl
     path = os.path.join(run_dir, "metrics.jsonl")
-    if not os.path.exists(path):
-        return False
-    records = read_jsonl(path)
+    return read_jsonl(path) if os.path.exists(path) else []
+
+
+def _finished(records: list[dict], steps: int) -> bool:
     return bool(records) and records[-1].get("step") == steps and "eval_accuracy" in records[-1]
 
 
@@ -88,11 +90,8 @@ def _start_key(cfg) -> str:
     return json.dumps(d, sort_keys=True, default=str)
 
 
-def _start_metrics(run_dir: str) -> dict | None:
+def _start_metrics(records: list[dict]) -> dict | None:
     """The evaluation keys of a run's step-0 record, if it has one."""
-    from passrate_jax.metrics import read_jsonl
-    path = os.path.join(run_dir, "metrics.jsonl")
-    records = read_jsonl(path) if os.path.exists(path) else []
     if not records or records[0].get("step") != 0:
         return None
     return {k: v for k, v in records[0].items() if k.startswith("eval_")} or None
@@ -122,12 +121,13 @@ def run_study(plan: StudyPlan, *, progress: bool = True, target_fraction: float 
         run_dir = plan.run_dir(method, seed)
         if bar is not None:
             bar.set_postfix(run=f"{method}/seed{seed}", refresh=True)
-        key = _start_key(cfg)
-        if not _finished(run_dir, cfg.steps):
+        key, records = _start_key(cfg), _records(run_dir)
+        if not _finished(records, cfg.steps):
             # One step-0 evaluation per seed (about 10 s each on a 2-core CPU): its siblings reuse it.
             train(cfg, run_dir, progress=False, log=lambda *a: None, start_metrics=starts.get(key))
+            records = _records(run_dir)
         if starts.get(key) is None:
-            starts[key] = _start_metrics(run_dir)
+            starts[key] = _start_metrics(records)
         if bar is not None:
             bar.update(1)
     if bar is not None:

@@ -99,11 +99,11 @@ def resume_conflicts(cfg: Config, run_dir: str) -> list[str]:
             and not (k not in saved and now.get(k) == defaults.get(k))]
 
 
-def eval_metrics(session: Session, params, cfg: Config, step: int | None = None) -> dict:
+def eval_metrics(session: Session, params, cfg: Config, step: int) -> dict:
     """Held-out metrics of ``params`` (after ``step``): greedy accuracy overall and per level (as
     ``cfg.eval_greedy`` says), and with ``cfg.eval_samples`` the mean accuracy of that many sampled answers
     per prompt (overall and per level)."""
-    greedy = (cfg.eval_greedy == "every" or cfg.eval_samples == 0 or step is None or step in (0, cfg.steps))
+    greedy = cfg.eval_greedy == "every" or cfg.eval_samples == 0 or step in (0, cfg.steps)
     ev = session.evaluate(params, seed=cfg.seed, num_samples=cfg.eval_samples, greedy=greedy)
     out = {}
     for name, key in (("eval_accuracy", "accuracy"), ("eval_sampled_accuracy", "sampled_accuracy")):

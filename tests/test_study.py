@@ -210,7 +210,7 @@ def test_small_study_end_to_end(tmp_path, fake_verifier, monkeypatch):  # noqa: 
     import passrate_jax.train as train_module
     start_evaluations = []
     evaluate = train_module.eval_metrics
-    monkeypatch.setattr(train_module, "eval_metrics", lambda session, params, cfg, step=None: (
+    monkeypatch.setattr(train_module, "eval_metrics", lambda session, params, cfg, step: (
         start_evaluations.append(cfg.seed) if step == 0 else None, evaluate(session, params, cfg, step))[1])
     analysis = run_study(plan, progress=False)
     # One step-0 evaluation per seed, reused by the seed's other methods; it is what each would measure.
