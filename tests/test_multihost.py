@@ -1,8 +1,9 @@
 """Multi-process training on localhost CPU with ``jax.distributed`` (Gloo collectives).
 
-Two processes with one device each run the shipped path with a (tiny) supervised warm start, are both
-killed with SIGKILL between checkpoints and resumed. The run must equal, bit for bit, one process with
-two devices and the same global batch (the same programs on the same mesh shape), and a single-device
+Two processes with one device each run the shipped path with a (tiny) supervised warm start; in the slow
+test they are both killed with SIGKILL between checkpoints and resumed. The run must equal, bit for bit,
+one process with two devices and the same global batch (the same programs on the same mesh shape), and
+(slow test) a single-device
 run of the same global batch within float tolerance: the same rewards and allocation decisions (every
 host-side number of ``metrics.jsonl`` exactly), ``update/*`` metrics within ``RTOL`` / ``ATOL``, final
 parameters within ``PARAM_ATOL``. The verifier is the deterministic hash of tests/test_train_e2e.py, so
@@ -109,6 +110,26 @@ def _kill_both_when(procs, moment) -> list[str]:
     return outputs
 
 
+def test_two_processes_train_like_one_process_with_two_devices(tmp_path):
+    """The default run's multi-host check: the two processes (warm start included) and the one-process
+    reference run side by side, uninterrupted, and must agree bit for bit. The kill-and-resume test
+    below adds the single-device comparison and a SIGKILL of both processes; it is the slow one."""
+    cache, reference, multi = tmp_path / "jax_cache", tmp_path / "two_devices", tmp_path / "multi"
+    procs = [subprocess.Popen(_cmd(reference, 2), cwd=ROOT, env=_env(2, cache), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True), *_start_two(multi, _env(1, cache))]
+    outputs = _wait(procs)
+    for i, (p, out) in enumerate(zip(procs, outputs)):
+        assert p.returncode == 0, f"process {i} failed:\n{out[-3000:]}"
+    assert "warm start: 8 steps" in outputs[1], "the two processes did not warm-start"
+    a, b = read_jsonl(reference / "metrics.jsonl"), read_jsonl(multi / "metrics.jsonl")
+    assert [r["step"] for r in b] == list(range(STEPS + 1))  # written once, by process 0
+    assert _comparable(a) == _comparable(b)
+    assert sum(r.get("groups_trained", 0) > 0 for r in a) >= 2  # the compared steps did update the model
+    for x, y in zip(saved_params(reference, STEPS), saved_params(multi, STEPS), strict=True):
+        np.testing.assert_array_equal(x, y)
+
+
+@pytest.mark.slow
 def test_two_processes_warm_start_kill_and_resume_train_like_one(tmp_path):
     cache = tmp_path / "jax_cache"
     two_devices, one_device, multi = tmp_path / "two_devices", tmp_path / "one_device", tmp_path / "multi"
