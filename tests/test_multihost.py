@@ -3,11 +3,11 @@
 Two processes with one device each run the shipped path with a (tiny) supervised warm start; in the slow
 test they are both killed with SIGKILL between checkpoints and resumed. The run must equal, bit for bit,
 one process with two devices and the same global batch (the same programs on the same mesh shape), and
-(slow test) a single-device
-run of the same global batch within float tolerance: the same rewards and allocation decisions (every
-host-side number of ``metrics.jsonl`` exactly), ``update/*`` metrics within ``RTOL`` / ``ATOL``, final
-parameters within ``PARAM_ATOL``. The verifier is the deterministic hash of tests/test_train_e2e.py, so
-a sampled token that flipped between layouts would change a reward and fail the test: none did.
+(slow test) a single-device run of the same global batch within float tolerance: the same rewards and
+allocation decisions (every host-side number of ``metrics.jsonl`` exactly), ``update/*`` metrics within
+``RTOL`` / ``ATOL``, final parameters within ``PARAM_ATOL``. The verifier is the deterministic hash of
+tests/test_train_e2e.py, so a sampled token that flipped between layouts would change a reward and fail
+the test: none did.
 Measured against one device: ``update/loss`` differs by 1.5e-6 relative (step 2; the other steps are
 equal), final parameters by 1.4e-7.
 """
@@ -96,6 +96,14 @@ def _wait(procs) -> list[str]:
     return outputs
 
 
+def _wait_ok(procs) -> list[str]:
+    """Wait for ``procs``; each must exit 0 (else its output's tail is shown)."""
+    outputs = _wait(procs)
+    for i, (p, out) in enumerate(zip(procs, outputs)):
+        assert p.returncode == 0, f"process {i} failed:\n{out[-3000:]}"
+    return outputs
+
+
 def _kill_both_when(procs, moment) -> list[str]:
     deadline = time.time() + 600
     while all(p.poll() is None for p in procs) and time.time() < deadline:
@@ -110,51 +118,49 @@ def _kill_both_when(procs, moment) -> list[str]:
     return outputs
 
 
+def _start_one(run_dir, devices, cache_dir):
+    """One process with ``devices`` devices: a reference run."""
+    return subprocess.Popen(_cmd(run_dir, devices), cwd=ROOT, env=_env(devices, cache_dir), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def _assert_equal_runs(reference, multi):
+    """The two-process run equals the one-process, two-device ``reference`` bit for bit: every metrics
+    record (written once, by process 0) and the final parameters; and the compared steps did train."""
+    a, b = read_jsonl(reference / "metrics.jsonl"), read_jsonl(multi / "metrics.jsonl")
+    assert [r["step"] for r in b] == list(range(STEPS + 1))  # written once, by process 0, none twice
+    assert _comparable(a) == _comparable(b)
+    assert sum(r.get("groups_trained", 0) > 0 for r in a) >= 2  # the compared steps did update the model
+    for x, y in zip(saved_params(reference, STEPS), saved_params(multi, STEPS), strict=True):
+        np.testing.assert_array_equal(x, y)
+    return b
+
+
 def test_two_processes_train_like_one_process_with_two_devices(tmp_path):
     """The default run's multi-host check: the two processes (warm start included) and the one-process
     reference run side by side, uninterrupted, and must agree bit for bit. The kill-and-resume test
     below adds the single-device comparison and a SIGKILL of both processes; it is the slow one."""
     cache, reference, multi = tmp_path / "jax_cache", tmp_path / "two_devices", tmp_path / "multi"
-    procs = [subprocess.Popen(_cmd(reference, 2), cwd=ROOT, env=_env(2, cache), stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True), *_start_two(multi, _env(1, cache))]
-    outputs = _wait(procs)
-    for i, (p, out) in enumerate(zip(procs, outputs)):
-        assert p.returncode == 0, f"process {i} failed:\n{out[-3000:]}"
+    outputs = _wait_ok([_start_one(reference, 2, cache), *_start_two(multi, _env(1, cache))])
     assert "warm start: 8 steps" in outputs[1], "the two processes did not warm-start"
-    a, b = read_jsonl(reference / "metrics.jsonl"), read_jsonl(multi / "metrics.jsonl")
-    assert [r["step"] for r in b] == list(range(STEPS + 1))  # written once, by process 0
-    assert _comparable(a) == _comparable(b)
-    assert sum(r.get("groups_trained", 0) > 0 for r in a) >= 2  # the compared steps did update the model
-    for x, y in zip(saved_params(reference, STEPS), saved_params(multi, STEPS), strict=True):
-        np.testing.assert_array_equal(x, y)
+    _assert_equal_runs(reference, multi)
 
 
 @pytest.mark.slow
 def test_two_processes_warm_start_kill_and_resume_train_like_one(tmp_path):
     cache = tmp_path / "jax_cache"
     two_devices, one_device, multi = tmp_path / "two_devices", tmp_path / "one_device", tmp_path / "multi"
-    references = [subprocess.Popen(_cmd(d, n), cwd=ROOT, env=_env(n, cache), stdout=subprocess.PIPE,
-                                   stderr=subprocess.STDOUT, text=True) for d, n in ((two_devices, 2), (one_device, 1))]
-    for p, out in zip(references, _wait(references)):
-        assert p.returncode == 0, out[-3000:]
+    _wait_ok([_start_one(d, n, cache) for d, n in ((two_devices, 2), (one_device, 1))])
 
     # Killed once step 2's checkpoint is complete and step 3 is recorded, before step 4's checkpoint.
     first = _kill_both_when(_start_two(multi, _env(1, cache)), lambda: 3 in _steps_written(multi)
                             and "2" in _checkpoint_names(multi) and "4" not in _checkpoint_names(multi))
     assert "warm start: 8 steps" in first[0], "the two processes did not warm-start"
-    procs = _start_two(multi, _env(1, cache))
-    outputs = _wait(procs)
-    for i, (p, out) in enumerate(zip(procs, outputs)):
-        assert p.returncode == 0, f"process {i} failed:\n{out[-3000:]}"
+    outputs = _wait_ok(_start_two(multi, _env(1, cache)))
     # One voice: only process 0 logs the resume and the run summary.
     assert "resuming" in outputs[0] and "run " in outputs[0] and "run " not in outputs[1]
 
-    a, b = read_jsonl(two_devices / "metrics.jsonl"), read_jsonl(multi / "metrics.jsonl")
-    assert [r["step"] for r in b] == list(range(STEPS + 1))  # written once, by process 0, none twice
-    assert _comparable(a) == _comparable(b)
-    assert sum(r.get("groups_trained", 0) > 0 for r in a) >= 2  # the compared steps did update the model
-    for x, y in zip(saved_params(two_devices, STEPS), saved_params(multi, STEPS), strict=True):
-        np.testing.assert_array_equal(x, y)
+    b = _assert_equal_runs(two_devices, multi)
 
     c = _comparable(read_jsonl(one_device / "metrics.jsonl"))
     assert len(c) == len(b)
