@@ -97,39 +97,86 @@ def _start_metrics(records: list[dict]) -> dict | None:
     return {k: v for k, v in records[0].items() if k.startswith("eval_")} or None
 
 
+def _train_run(base_config, overrides: list[str], run_dir: str, start_metrics: dict | None, xla_cache: str) -> None:
+    """Train one study run (in this process, or in a worker process of a parallel study)."""
+    import jax
+
+    from passrate_jax.config import load_config
+    from passrate_jax.train import train
+
+    jax.config.update("jax_compilation_cache_dir", xla_cache)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+    train(load_config(base_config, overrides), run_dir, progress=False, log=lambda *a: None,
+          start_metrics=start_metrics)
+
+
+def _next_job(pending: list, keys: dict, starts: dict, running: set):
+    """The first pending job that can start now. A run whose start (warm start and step-0 evaluation,
+    :func:`_start_key`) is not yet measured waits while a sibling measures it, so each seed trains its
+    warm start and evaluates step 0 once; meanwhile free workers take another seed's first run."""
+    for job in pending:
+        key = keys[job]
+        if starts.get(key) is not None or key not in running:
+            return job
+    return None
+
+
 def run_study(plan: StudyPlan, *, progress: bool = True, target_fraction: float = 0.8,
-              metric: str | None = None) -> dict:
+              metric: str | None = None, jobs: int = 1) -> dict:
     """Train every (method, seed) not yet finished (a run stopped midway resumes from its checkpoint),
-    then return the analysis of all of them (:func:`passrate_jax.study_analysis.analyse`)."""
+    then return the analysis of all of them (:func:`passrate_jax.study_analysis.analyse`).
+
+    ``jobs`` > 1 trains that many runs at once, each in its own process: on a CPU a run keeps about one
+    core busy, so a 2-core machine takes two. Every run is the same computation either way (its metrics
+    do not depend on ``jobs``; tests/test_study.py checks it); on one accelerator keep 1."""
     import jax
 
     from passrate_jax.config import load_config
     from passrate_jax.study_analysis import analyse, load_runs
-    from passrate_jax.train import train
 
+    if jobs < 1:
+        raise ConfigError(f"--jobs {jobs}: must be >= 1")
     # Every run builds the same sampler and update programs: compile them once for the whole study.
-    jax.config.update("jax_compilation_cache_dir", os.path.join(plan.out_dir, "xla_cache"))
+    xla_cache = os.path.join(plan.out_dir, "xla_cache")
+    jax.config.update("jax_compilation_cache_dir", xla_cache)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
-    jobs = [(m, s) for s in plan.seeds for m in plan.methods]  # seed-major: a partial study is paired
+    jobs_list = [(m, s) for s in plan.seeds for m in plan.methods]  # seed-major: a partial study is paired
     bar = None
     if progress:
         from tqdm import tqdm
-        bar = tqdm(total=len(jobs), desc="study", unit="run", dynamic_ncols=True)
-    t0, starts = time.perf_counter(), {}
-    for method, seed in jobs:
+        bar = tqdm(total=len(jobs_list), desc="study", unit="run", dynamic_ncols=True)
+    t0, starts, keys, pending = time.perf_counter(), {}, {}, []
+    for method, seed in jobs_list:
         cfg = load_config(plan.base_config, plan.config_overrides(method, seed))
-        run_dir = plan.run_dir(method, seed)
+        keys[method, seed], records = _start_key(cfg), _records(plan.run_dir(method, seed))
+        if _finished(records, cfg.steps):
+            starts.setdefault(keys[method, seed], _start_metrics(records))
+            if bar is not None:
+                bar.update(1)
+        else:
+            pending.append((method, seed))
+
+    def launch(submit, job):
+        pending.remove(job)
         if bar is not None:
-            bar.set_postfix(run=f"{method}/seed{seed}", refresh=True)
-        key, records = _start_key(cfg), _records(run_dir)
-        if not _finished(records, cfg.steps):
-            # One step-0 evaluation per seed (about 10 s each on a 2-core CPU): its siblings reuse it.
-            train(cfg, run_dir, progress=False, log=lambda *a: None, start_metrics=starts.get(key))
-            records = _records(run_dir)
+            bar.set_postfix(run=f"{job[0]}/seed{job[1]}", refresh=True)
+        return submit(_train_run, plan.base_config, plan.config_overrides(*job), plan.run_dir(*job),
+                      starts.get(keys[job]), xla_cache)
+
+    def finished(job):
+        key = keys[job]
         if starts.get(key) is None:
-            starts[key] = _start_metrics(records)
+            starts[key] = _start_metrics(_records(plan.run_dir(*job)))
         if bar is not None:
             bar.update(1)
+
+    if jobs == 1:  # in this process
+        while pending:
+            job = pending[0]
+            launch(lambda fn, *args: fn(*args), job)
+            finished(job)
+    else:
+        _run_parallel(jobs, pending, keys, starts, launch, finished)
     if bar is not None:
         bar.close()
     analysis = analyse(load_runs(plan), target_fraction=target_fraction, metric=metric)
@@ -137,6 +184,32 @@ def run_study(plan: StudyPlan, *, progress: bool = True, target_fraction: float 
     analysis["machine"] = f"{platform.platform()}, {os.cpu_count()} CPU cores, jax {jax.__version__} " \
                           f"on {jax.default_backend()}"
     return analysis
+
+
+def _run_parallel(jobs: int, pending: list, keys: dict, starts: dict, launch, finished) -> None:
+    """Keep ``jobs`` worker processes busy until every pending run is trained. Worker processes are
+    spawned (not forked: the parent has imported JAX); a run that fails stops the study with its name."""
+    import concurrent.futures as cf
+    import multiprocessing
+
+    with cf.ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        running = {}  # future -> job
+        while pending or running:
+            while len(running) < jobs:
+                job = _next_job(pending, keys, starts, {keys[j] for j in running.values()})
+                if job is None:
+                    break
+                running[launch(pool.submit, job)] = job
+            done, _ = cf.wait(running, return_when=cf.FIRST_COMPLETED)
+            for future in done:
+                job = running.pop(future)
+                try:
+                    future.result()
+                except BaseException as e:
+                    for other in running:
+                        other.cancel()
+                    raise RuntimeError(f"study run {job[0]}/seed{job[1]} failed: {e!r}") from e
+                finished(job)
 
 
 def add_subparser(subparsers) -> None:
@@ -154,6 +227,9 @@ def add_subparser(subparsers) -> None:
                    help="target = warm start + this fraction of GRPO's gain to its plateau (default 0.8)")
     p.add_argument("--metric", choices=("eval_sampled_accuracy", "eval_accuracy"), default=None,
                    help="held-out accuracy the study measures (default: sampled when every run records it)")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="runs trained at once, each in its own process (default 1; on a CPU a run keeps about "
+                        "one core busy, so use the number of cores; on one GPU or TPU keep 1)")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("overrides", nargs="*", metavar="key.sub=value", help="applied to every run")
     p.set_defaults(func=run)
@@ -170,7 +246,7 @@ def run(args) -> int:
     plan = make_plan(args.config, args.methods, seeds, args.overrides, out, args.quick)
     from passrate_jax.study_report import write_report
     analysis = run_study(plan, progress=not args.no_progress, target_fraction=args.target_fraction,
-                         metric=args.metric)
+                         metric=args.metric, jobs=args.jobs)
     report = args.report or os.path.join(out, "results.md")
     command = "passrate-jax " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     paths = write_report(plan, analysis, report, command=command)
