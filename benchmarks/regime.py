@@ -6,7 +6,8 @@ Loads a run's config and its checkpoint ``--step`` (0 or absent checkpoint: the 
 samples ``--num-samples`` answers per held-out prompt at the training temperature and prints one JSON
 object: greedy accuracy; sampled accuracy with its standard error over prompts; pass@k; the fraction of
 prompts whose group of samples is all wrong, all right, or saturated (either), overall and per level;
-and the mean sampled response length in tokens (stop token included) and in lines.
+and the mean sampled response length in tokens (stop token included) and in lines. With
+``data.level_weights`` set, ``train_mixture`` gives the shares for the weighted train draws.
 """
 
 from __future__ import annotations
@@ -58,6 +59,16 @@ def regime_stats(session, params, *, num_samples: int, seed: int) -> dict:
     return out
 
 
+def train_mixture(by_level: dict, levels: list[int], weights) -> dict:
+    """The shares of :func:`regime_stats` for train prompts drawn with ``data.level_weights``: the
+    per-level shares (measured on the uniform held-out prompts) averaged with the train draws' weights."""
+    w = np.asarray(weights, float) / np.sum(weights)
+    mix = {key: round(float(sum(wi * by_level[lv][key] for wi, lv in zip(w, levels))), 4)
+           for key in ("sampled_accuracy", "all_wrong", "all_right")}
+    mix["saturated"] = round(mix["all_wrong"] + mix["all_right"], 4)
+    return {"level_weights": [float(x) for x in weights], **mix}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--run-dir", required=True)
@@ -80,6 +91,9 @@ def main(argv=None) -> int:
     greedy = session.evaluate(params, seed=cfg.seed, num_samples=0)
     stats = regime_stats(session, params, num_samples=args.num_samples, seed=cfg.seed)
     session.close()
+    if cfg.data.level_weights:  # train draws weighted, held-out uniform: the shares RL's groups see
+        levels = list(range(cfg.data.min_level, cfg.data.min_level + len(cfg.data.level_weights)))
+        stats["train_mixture"] = train_mixture(stats["by_level"], levels, cfg.data.level_weights)
     print(json.dumps({"run_dir": args.run_dir, "step": step, "greedy_accuracy": greedy["accuracy"], **stats}))
     return 0
 

@@ -39,6 +39,9 @@ class DataConfig:
     level: int = option(0, ge=0, doc="built-in difficulty level; 0 draws one per problem")
     max_level: int = option(0, ge=0, doc="with level 0: draw levels 1..max_level (0: every level)")
     min_level: int = option(1, ge=1, doc="builtin, with level 0: draw levels min_level..max_level")
+    level_weights: tuple[float, ...] = option((), doc="builtin, with level 0: relative weights of levels min_level.."
+                                                      "max_level in the train draws (empty: uniform); held-out "
+                                                      "prompts stay uniform, so accuracy means the same")
     train_size: int = option(0, ge=0, doc="built-in: 0 = endless stream, else this many problems cycled in epochs")
     eval_size: int = option(256, ge=0, doc="held-out prompts per evaluation (the first K of the held-out split)")
     shuffle: bool = option(True, doc="reshuffle finite sources every epoch (seeded)")
@@ -101,6 +104,13 @@ class DataConfig:
         if self.min_level > 1 and (self.source != "builtin" or self.min_level > (self.max_level or levels)):
             raise ConfigError(f"min_level = {self.min_level}: needs source builtin and min_level <= max_level "
                               f"(here {self.max_level or levels})")
+        if self.level_weights:
+            drawn = (self.max_level or levels) - self.min_level + 1
+            if self.source != "builtin" or self.level:
+                raise ConfigError(f"level_weights = {list(self.level_weights)}: needs source builtin and level 0")
+            if len(self.level_weights) != drawn or min(self.level_weights) < 0 or sum(self.level_weights) <= 0:
+                raise ConfigError(f"level_weights = {list(self.level_weights)}: need {drawn} weights >= 0 (levels "
+                                  f"{self.min_level}..{self.max_level or levels}), not all 0")
         if self.source in ("jsonl", "parquet") and not self.path:
             raise ConfigError(f"path = '': source {self.source} needs a file")
         if self.source == "tfds" and not self.tfds_name:

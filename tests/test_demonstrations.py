@@ -103,6 +103,31 @@ def test_level_window_keeps_level_numbers():
         load_config(None, ["data.max_level=6", "data.min_level=7"])
 
 
+def test_level_weights_shape_the_train_draws_only():
+    from passrate_jax.data.configured import make_source
+
+    weights = (4.0, 0.0, 1.0, 1.0, 1.0, 1.0)
+    cfg = load_config(None, ["data.max_level=6", f"data.level_weights={list(weights)}"]).data
+    weighted, uniform = make_source(cfg), make_source(load_config(None, ["data.max_level=6"]).data)
+    records = weighted.take(4000)
+    draws = [r.metadata["level"] for r in records]
+    counts = np.bincount(draws, minlength=7)[1:]
+    expected = 4000 * np.array(weights) / sum(weights)
+    # Binomial counts: within 4 standard errors of their expectation; the zero-weight level never drawn.
+    assert np.all(np.abs(counts - expected) <= 4 * np.sqrt(expected * (1 - expected / 4000)) + 1e-9), counts
+    assert counts[1] == 0
+    # A problem is a pure function of (seed, index) as before, drawn at its level like any other.
+    again = make_source(cfg).take(50)
+    assert [r.prompt for r in again] == [r.prompt for r in records[:50]]
+    assert all(ARITH.sample(0, "train", i, level=r.metadata["level"]).prompt == r.prompt for i, r in enumerate(again))
+    # The held-out prompts stay uniform: the same prompts with or without weights.
+    assert [r.prompt for r in weighted.heldout(64)] == [r.prompt for r in uniform.heldout(64)]
+    for bad in (["data.level_weights=[1,1]"], ["data.level_weights=[0,0,0,0,0,0]"],
+                ["data.level_weights=[1,1,1,1,1,-1]"], ["data.level=2", "data.level_weights=[1,1,1,1,1,1]"]):
+        with pytest.raises(ConfigError, match="level_weights = "):
+            load_config(None, ["data.max_level=6", *bad])
+
+
 def test_warm_start_cache_key_is_unchanged_by_default_and_follows_the_options():
     cfg = Config()
     legacy = {"model": to_dict(cfg.model), "task": "arithmetic", "max_level": 0, "seed": 0, "version": 1,

@@ -45,3 +45,12 @@ def test_mixed_groups_are_not_saturated(session, monkeypatch):
     assert 0 < out["sampled_accuracy"] < 1 and out["sampled_accuracy_se"] > 0
     assert out["pass@1"] == pytest.approx(out["sampled_accuracy"])
     assert out["pass@8"] == pytest.approx(1 - out["all_wrong"])
+
+
+def test_train_mixture_weights_the_levels():
+    by_level = {1: {"sampled_accuracy": 0.9, "all_wrong": 0.0, "all_right": 0.6},
+                2: {"sampled_accuracy": 0.5, "all_wrong": 0.1, "all_right": 0.1},
+                3: {"sampled_accuracy": 0.0, "all_wrong": 1.0, "all_right": 0.0}}
+    mix = regime.train_mixture(by_level, [1, 2, 3], (2, 1, 1))
+    assert mix == {"level_weights": [2.0, 1.0, 1.0], "sampled_accuracy": pytest.approx(0.575),
+                   "all_wrong": pytest.approx(0.275), "all_right": pytest.approx(0.325), "saturated": pytest.approx(0.6)}

@@ -18,7 +18,8 @@ def make_source(cfg) -> PromptSource:
     match cfg.source:
         case "builtin":
             return builtin_source(cfg.task, level=cfg.level or None, train_size=cfg.train_size,
-                                  max_level=cfg.max_level, min_level=cfg.min_level, **common)
+                                  max_level=cfg.max_level, min_level=cfg.min_level,
+                                  level_weights=cfg.level_weights, **common)
         case "jsonl" | "parquet":
             return file_source(cfg.path, cfg.eval_path, file_format=cfg.source, fields=fields,
                                skip_bad_rows=cfg.skip_bad_rows, **common)

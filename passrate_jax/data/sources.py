@@ -25,6 +25,7 @@ import hashlib
 import json
 import logging
 import os
+import random
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -281,14 +282,25 @@ class PromptSource:
 
 def builtin_source(task: str, *, seed: int = 0, level: int | None = None, train_size: int = 0,
                    shuffle: bool = True, default_heldout: int = 256, max_level: int = 0,
-                   min_level: int = 1) -> PromptSource:
+                   min_level: int = 1, level_weights: tuple[float, ...] = ()) -> PromptSource:
     """The built-in procedural ``task``: an endless train stream, or with ``train_size`` > 0 a fixed
     pool of its first ``train_size`` train problems visited in epochs (so prompts recur, which
-    predictive selection needs). Held-out: the first K problems of the task's held-out split."""
+    predictive selection needs). Held-out: the first K problems of the task's held-out split.
+    ``level_weights``: relative weights of levels min_level..max_level in the train draws (empty:
+    uniform); the held-out prompts stay uniform over the levels."""
     t = task_with_levels(task, max_level, min_level)
+    if level_weights and len(level_weights) != len(t.difficulty_levels):
+        raise ValueError(f"level_weights = {list(level_weights)}: need one per level {t.difficulty_levels}")
+
+    def train_level(i: int) -> int | None:
+        if level is not None or not level_weights:
+            return level  # None: the task draws it uniformly
+        # Its own stream per index, so the problem at i is still a pure function of (seed, i).
+        rng = random.Random(f"{task}|{seed}|level|{i}")
+        return rng.choices(t.difficulty_levels, weights=level_weights)[0]
 
     def get(i: int) -> PromptRecord:
-        return builtin_record(t.sample(seed, "train", i, level))
+        return builtin_record(t.sample(seed, "train", i, train_level(i)))
 
     def heldout(k: int) -> list[PromptRecord]:
         return [builtin_record(t.sample(seed, "heldout", i, level)) for i in range(k)]
