@@ -252,6 +252,7 @@ def score(prompt, response, reference, **_):
 '''
 
 
+@pytest.mark.slow  # about a minute of subprocess starts and compiles; the in-process study is tested above
 def test_parallel_study_trains_what_one_process_trains(tmp_path):
     # Worker processes do not see a monkeypatch: the mixed rewards come from a reward plugin file.
     plugin = tmp_path / "hash_reward.py"
