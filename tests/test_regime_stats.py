@@ -53,4 +53,5 @@ def test_train_mixture_weights_the_levels():
                 3: {"sampled_accuracy": 0.0, "all_wrong": 1.0, "all_right": 0.0}}
     mix = regime.train_mixture(by_level, [1, 2, 3], (2, 1, 1))
     assert mix == {"level_weights": [2.0, 1.0, 1.0], "sampled_accuracy": pytest.approx(0.575),
-                   "all_wrong": pytest.approx(0.275), "all_right": pytest.approx(0.325), "saturated": pytest.approx(0.6)}
+                   "all_wrong": pytest.approx(0.275), "all_right": pytest.approx(0.325),
+                   "saturated": pytest.approx(0.6)}
