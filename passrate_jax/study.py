@@ -126,9 +126,10 @@ def run_study(plan: StudyPlan, *, progress: bool = True, target_fraction: float 
     """Train every (method, seed) not yet finished (a run stopped midway resumes from its checkpoint),
     then return the analysis of all of them (:func:`passrate_jax.study_analysis.analyse`).
 
-    ``jobs`` > 1 trains that many runs at once, each in its own process: on a CPU a run keeps about one
-    core busy, so a 2-core machine takes two. Every run is the same computation either way (its metrics
-    do not depend on ``jobs``; tests/test_study.py checks it); on one accelerator keep 1."""
+    ``jobs`` > 1 trains that many runs at once, each in its own process, for CPU machines with cores to
+    spare (one run keeps a 2-core CPU busy much of the time: --jobs 2 there gains little). Every run is
+    the same computation either way (its metrics do not depend on ``jobs``; tests/test_study.py checks
+    it); on one accelerator keep 1."""
     import jax
 
     from passrate_jax.config import load_config
@@ -136,10 +137,9 @@ def run_study(plan: StudyPlan, *, progress: bool = True, target_fraction: float 
 
     if jobs < 1:
         raise ConfigError(f"--jobs {jobs}: must be >= 1")
-    # Every run builds the same sampler and update programs: compile them once for the whole study.
+    # Every run builds the same sampler and update programs: compile them once for the whole study
+    # (each run, in this process or a worker, points JAX at this cache: _train_run).
     xla_cache = os.path.join(plan.out_dir, "xla_cache")
-    jax.config.update("jax_compilation_cache_dir", xla_cache)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
     jobs_list = [(m, s) for s in plan.seeds for m in plan.methods]  # seed-major: a partial study is paired
     bar = None
     if progress:
@@ -228,8 +228,8 @@ def add_subparser(subparsers) -> None:
     p.add_argument("--metric", choices=("eval_sampled_accuracy", "eval_accuracy"), default=None,
                    help="held-out accuracy the study measures (default: sampled when every run records it)")
     p.add_argument("--jobs", type=int, default=1,
-                   help="runs trained at once, each in its own process (default 1; on a CPU a run keeps about "
-                        "one core busy, so use the number of cores; on one GPU or TPU keep 1)")
+                   help="runs trained at once, each in its own process (default 1; for CPU machines with cores to "
+                        "spare, a run keeps up to about two busy; on one GPU or TPU keep 1)")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("overrides", nargs="*", metavar="key.sub=value", help="applied to every run")
     p.set_defaults(func=run)
