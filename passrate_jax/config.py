@@ -104,13 +104,7 @@ class DataConfig:
         if self.min_level > 1 and (self.source != "builtin" or self.min_level > (self.max_level or levels)):
             raise ConfigError(f"min_level = {self.min_level}: needs source builtin and min_level <= max_level "
                               f"(here {self.max_level or levels})")
-        if self.level_weights:
-            drawn = (self.max_level or levels) - self.min_level + 1
-            if self.source != "builtin" or self.level:
-                raise ConfigError(f"level_weights = {list(self.level_weights)}: needs source builtin and level 0")
-            if len(self.level_weights) != drawn or min(self.level_weights) < 0 or sum(self.level_weights) <= 0:
-                raise ConfigError(f"level_weights = {list(self.level_weights)}: need {drawn} weights >= 0 (levels "
-                                  f"{self.min_level}..{self.max_level or levels}), not all 0")
+        self.check_level_weights(self.level_weights, "level_weights")
         if self.source in ("jsonl", "parquet") and not self.path:
             raise ConfigError(f"path = '': source {self.source} needs a file")
         if self.source == "tfds" and not self.tfds_name:
@@ -139,6 +133,20 @@ class DataConfig:
         if self.source == "env":  # the environment scores its own episodes; nothing to start a math pool for
             return "exact"
         return "task" if self._builtin_data else "math"
+
+    def check_level_weights(self, weights: tuple[float, ...], field: str) -> None:
+        """ConfigError naming ``field`` unless ``weights`` is empty or one weight >= 0 per drawn level of
+        the built-in task (levels min_level..max_level, a mixture: level 0), not all 0."""
+        if not weights:
+            return
+        from passrate_jax.data.tasks import TASKS
+
+        top = self.max_level or len(TASKS[self.task].levels)
+        if self.source != "builtin" or self.level:
+            raise ConfigError(f"{field} = {list(weights)}: needs data.source builtin and data.level 0")
+        if len(weights) != top - self.min_level + 1 or min(weights) < 0 or sum(weights) <= 0:
+            raise ConfigError(f"{field} = {list(weights)}: need {top - self.min_level + 1} weights >= 0 (levels "
+                              f"{self.min_level}..{top}), not all 0")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -203,6 +211,8 @@ class WarmStartConfig:
                                  "misread_min_level) that solve the problem with one operand digit misread "
                                  "(passrate_jax/data/demonstrations.py): a warm start with high pass@8, low pass@1")
     misread_min_level: int = option(1, ge=1, doc="levels below keep clean demonstrations")
+    level_weights: tuple[float, ...] = option((), doc="builtin task: relative weights of levels data.min_level.."
+                                              "data.max_level in the demonstrations (empty: uniform)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -241,6 +251,8 @@ class Config:
             raise ConfigError(f"warm_start.misread_rate = {self.warm_start.misread_rate}: misread demonstrations "
                               f"need data.source builtin and data.task arithmetic or columns (got {self.data.source}, "
                               f"{self.data.task})")
+        if self.warm_start.enabled:
+            self.data.check_level_weights(self.warm_start.level_weights, "warm_start.level_weights")
         self._check_prefix_sampling()
 
     def _check_prefix_sampling(self) -> None:

@@ -23,6 +23,7 @@ from passrate_jax.config import Config, WarmStartConfig
 from passrate_jax.configlib import to_dict
 from passrate_jax.distributed import is_primary, to_host
 from passrate_jax.data.demonstrations import NO_MISREADS, Misreads, demonstration
+from passrate_jax.data.sources import check_level_weights, weighted_level
 from passrate_jax.data.tasks import task_with_levels
 from passrate_jax.rl.losses import token_logprobs
 
@@ -48,13 +49,18 @@ def pack_example(ids, mask, max_len: int, pad_id: int, what: str = "") -> tuple[
 
 
 def sft_batch(task_name: str, seed: int, step: int, batch_size: int, tokenizer, max_len: int, max_level: int = 0,
-              min_level: int = 1, misreads: Misreads = NO_MISREADS):
+              min_level: int = 1, misreads: Misreads = NO_MISREADS, level_weights: tuple[float, ...] = ()):
     """The training batch of ``step``: a pure function of (seed, step), so a warm start is reproducible.
-    ``misreads``: the share of demonstrations that solve a misread problem (data/demonstrations.py)."""
+    ``misreads``: the share of demonstrations that solve a misread problem (data/demonstrations.py);
+    ``level_weights``: relative weights of the levels in the demonstrations (empty: uniform)."""
     task = task_with_levels(task_name, max_level, min_level)
+    check_level_weights(task, level_weights, "warm_start.level_weights")
     indices = range(step * batch_size, (step + 1) * batch_size)
-    rows = [encode_example(tokenizer, p.prompt, demonstration(p, misreads, seed, i), max_len)
-            for i, p in ((i, task.sample(seed, "train", i)) for i in indices)]
+    # Its own level stream: with the same weights as data.level_weights the demonstrations are not
+    # simply the RL train pool's problems.
+    problems = ((i, task.sample(seed, "train", i, weighted_level(task, seed, i, level_weights, "warm_start_level")))
+                for i in indices)
+    rows = [encode_example(tokenizer, p.prompt, demonstration(p, misreads, seed, i), max_len) for i, p in problems]
     return np.stack([r[0] for r in rows]), np.stack([r[1] for r in rows])
 
 
@@ -84,6 +90,8 @@ def cache_key(cfg: Config, extra: dict | None = None) -> str:
     if ws.pop("misread_rate") > 0:
         data.update(misread_rate=cfg.warm_start.misread_rate, misread_min_level=ws["misread_min_level"])
     ws.pop("misread_min_level")
+    if ws.pop("level_weights"):
+        data.update(level_weights=list(cfg.warm_start.level_weights))
     if cfg.data.min_level > 1:
         data.update(min_level=cfg.data.min_level)
     blob = json.dumps(data, sort_keys=True)
@@ -140,7 +148,7 @@ def run_warm_start(cfg: Config, model: nnx.Module, tokenizer, *, progress: bool 
     for step in range(ws.steps):
         tokens, mask = batches(step) if batches is not None else sft_batch(
             cfg.data.task, cfg.seed, step, ws.batch_size, tokenizer, ws.max_len, cfg.data.max_level,
-            cfg.data.min_level, Misreads(ws.misread_rate, ws.misread_min_level))
+            cfg.data.min_level, Misreads(ws.misread_rate, ws.misread_min_level), ws.level_weights)
         params, opt_state, loss = step_fn(params, opt_state, tokens, mask)
         if bar is not None:
             bar.update(1)

@@ -132,13 +132,13 @@ def test_warm_start_cache_key_is_unchanged_by_default_and_follows_the_options():
     cfg = Config()
     legacy = {"model": to_dict(cfg.model), "task": "arithmetic", "max_level": 0, "seed": 0, "version": 1,
               "warm_start": {k: v for k, v in to_dict(dataclasses.replace(cfg.warm_start, cache_dir=None)).items()
-                             if not k.startswith("misread")}}
+                             if not k.startswith("misread") and k != "level_weights"}}
     # Warm starts cached before these options existed stay valid.
     assert cache_key(cfg) == hashlib.sha256(json.dumps(legacy, sort_keys=True).encode()).hexdigest()[:16]
     keys = {cache_key(load_config(None, o)) for o in (
         [], ["warm_start.misread_rate=0.5"], ["warm_start.misread_rate=0.5", "warm_start.misread_min_level=3"],
-        ["data.min_level=2"])}
-    assert len(keys) == 4
+        ["data.min_level=2"], ["warm_start.level_weights=[2,1,1,1,1,1,1,1,1,1]"])}
+    assert len(keys) == 5
     assert cache_key(load_config(None, ["warm_start.misread_min_level=3"])) == cache_key(cfg)
 
 
@@ -152,6 +152,34 @@ def test_sft_batch_trains_on_the_misread_demonstrations():
         assert tok.decode(row[weights > 0]) == demonstration(p, spec, 0, i)  # eos is dropped by decode
     plain, _ = sft_batch("arithmetic", 0, 3, 16, tok, 72, 8, 2)
     assert (tokens != plain).any()
+
+
+def test_warm_start_level_weights_shape_the_demonstrations():
+    tok = CharTokenizer()
+    weights = (3.0, 0.0, 1.0, 1.0, 1.0, 1.0)
+    tokens, _ = sft_batch("arithmetic", 0, 2, 700, tok, 48, 6, level_weights=weights)
+    levels = []
+    for row, i in zip(tokens, range(1400, 2100)):
+        text = tok.decode(row[row != tok.pad_id])
+        # Each row is the train problem at its index, drawn at its weighted level, with its reference solution.
+        matches = [lv for lv in ARITH.difficulty_levels[:6] if text.startswith(ARITH.sample(0, "train", i, lv).prompt)]
+        levels.append(matches[0])
+    counts = np.bincount(levels, minlength=7)[1:]
+    expected = 700 * np.array(weights) / sum(weights)
+    assert np.all(np.abs(counts - expected) <= 4 * np.sqrt(expected) + 1e-9), counts
+    assert counts[1] == 0  # a zero weight: never drawn
+    again, _ = sft_batch("arithmetic", 0, 2, 700, tok, 48, 6, level_weights=weights)
+    assert (again == tokens).all()  # a pure function of (seed, step)
+    uniform, _ = sft_batch("arithmetic", 0, 2, 700, tok, 48, 6)
+    assert (uniform != tokens).any()
+    with pytest.raises(ValueError, match=r"warm_start.level_weights = \[1.0, 2.0\]"):
+        sft_batch("arithmetic", 0, 0, 4, tok, 48, 6, level_weights=(1.0, 2.0))
+    for bad, field in ((["warm_start.level_weights=[1,1]"], "warm_start.level_weights"),
+                       (["data.level=2", "warm_start.level_weights=[1,1,1,1,1,1]"], "warm_start.level_weights")):
+        with pytest.raises(ConfigError, match=f"{field} = "):
+            load_config(None, ["data.max_level=6", *bad])
+    assert load_config(None, ["data.max_level=6", "warm_start.enabled=false",
+                              "warm_start.level_weights=[1,1]"]).warm_start.level_weights == (1.0, 1.0)
 
 
 def test_columns_task_has_long_multi_line_solutions_and_verifies_as_arithmetic():

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from passrate_jax.data.formatting import extract_answer
-from passrate_jax.data.tasks import Problem, reference_solution, task_with_levels
+from passrate_jax.data.tasks import Problem, Task, reference_solution, task_with_levels
 
 log = logging.getLogger(__name__)
 _ID_MASK = (1 << 63) - 1
@@ -280,6 +280,22 @@ class PromptSource:
         return {"data/epoch": self.epoch, "data/skipped_rows": self.bad.count}
 
 
+def check_level_weights(task: Task, weights: tuple[float, ...], name: str = "level_weights") -> None:
+    """ValueError naming ``name`` unless ``weights`` is empty or one weight per level of ``task``."""
+    if weights and len(weights) != len(task.difficulty_levels):
+        raise ValueError(f"{name} = {list(weights)}: need one per level {task.difficulty_levels}")
+
+
+def weighted_level(task: Task, seed: int, index: int, weights: tuple[float, ...], stream: str = "level") -> int | None:
+    """The level of train problem ``index`` drawn with relative ``weights`` (one per level of ``task``;
+    empty: None, the task draws it uniformly). Each index has its own random ``stream``, so the problem
+    at an index stays a pure function of (seed, index)."""
+    if not weights:
+        return None
+    rng = random.Random(f"{task.name}|{seed}|{stream}|{index}")
+    return rng.choices(task.difficulty_levels, weights=weights)[0]
+
+
 def builtin_source(task: str, *, seed: int = 0, level: int | None = None, train_size: int = 0,
                    shuffle: bool = True, default_heldout: int = 256, max_level: int = 0,
                    min_level: int = 1, level_weights: tuple[float, ...] = ()) -> PromptSource:
@@ -289,18 +305,11 @@ def builtin_source(task: str, *, seed: int = 0, level: int | None = None, train_
     ``level_weights``: relative weights of levels min_level..max_level in the train draws (empty:
     uniform); the held-out prompts stay uniform over the levels."""
     t = task_with_levels(task, max_level, min_level)
-    if level_weights and len(level_weights) != len(t.difficulty_levels):
-        raise ValueError(f"level_weights = {list(level_weights)}: need one per level {t.difficulty_levels}")
-
-    def train_level(i: int) -> int | None:
-        if level is not None or not level_weights:
-            return level  # None: the task draws it uniformly
-        # Its own stream per index, so the problem at i is still a pure function of (seed, i).
-        rng = random.Random(f"{task}|{seed}|level|{i}")
-        return rng.choices(t.difficulty_levels, weights=level_weights)[0]
+    check_level_weights(t, level_weights)
 
     def get(i: int) -> PromptRecord:
-        return builtin_record(t.sample(seed, "train", i, train_level(i)))
+        drawn = level if level is not None else weighted_level(t, seed, i, level_weights)
+        return builtin_record(t.sample(seed, "train", i, drawn))
 
     def heldout(k: int) -> list[PromptRecord]:
         return [builtin_record(t.sample(seed, "heldout", i, level)) for i in range(k)]
