@@ -46,14 +46,23 @@ def test_keys_a_source_ignores_are_errors(source, extra, key, value):
 
 
 def test_a_preset_that_switches_to_a_file_must_reset_builtin_keys():
-    # configs/default.yaml sets max_level and train_size for its built-in task; a preset based on it
-    # that reads a file must set them back to 0 (qwen3_gsm8k.yaml does), not have them silently ignored.
+    # configs/default.yaml sets max_level, train_size and level weights for its built-in task; a preset
+    # based on it that reads a file must reset them (qwen3_gsm8k.yaml does), not have them silently ignored.
+    file = ["data.source=jsonl", "data.path=x.jsonl"]
     with pytest.raises(ConfigError, match=r"data\.max_level = 6: ignored by source jsonl"):
-        load_config("configs/default.yaml", ["data.source=jsonl", "data.path=x.jsonl", "warm_start.misread_rate=0"])
+        load_config("configs/default.yaml", [*file, "warm_start.misread_rate=0"])
+    reset = [*file, "data.max_level=0", "data.train_size=0"]
+    with pytest.raises(ConfigError, match=r"data\.level_weights = \[3\.0, .*\]: weights the built-in task's levels, so "
+                                          r"needs data\.source builtin and data\.level 0 \(here jsonl, 0\); set "
+                                          r"data\.level_weights=\[\]"):
+        load_config("configs/default.yaml", reset)
+    reset.append("data.level_weights=[]")
     with pytest.raises(ConfigError, match=r"warm_start\.misread_rate = 0\.85: misread demonstrations need"):
-        load_config("configs/default.yaml", ["data.source=jsonl", "data.path=x.jsonl", "data.max_level=0",
-                                              "data.train_size=0"])
-    load_config("configs/qwen3_gsm8k.yaml")  # its warm start is off: the misread setting is moot
+        load_config("configs/default.yaml", reset)
+    with pytest.raises(ConfigError, match=r"warm_start\.level_weights = \[2\.0, .*set warm_start\.level_weights=\[\]"):
+        load_config("configs/default.yaml", [*reset, "warm_start.misread_rate=0"])
+    load_config("configs/default.yaml", [*reset, "warm_start.misread_rate=0", "warm_start.level_weights=[]"])
+    load_config("configs/qwen3_gsm8k.yaml")  # its warm start is off: the demonstration settings are moot
 
 
 def test_missing_prompt_file_is_named_before_compute(tmp_path, no_model):

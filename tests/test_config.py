@@ -69,8 +69,8 @@ def test_bad_overrides_name_key_value_and_allowed(override, fragments):
 
 
 def test_lr_schedule_note_counts_optimizer_updates():
-    # A cosine decay over the default preset's 50 steps at one update per step (45 after 5 of warm-up) ...
-    decay = ["optimizer.decay_steps=45", "optimizer.final_lr_fraction=0"]
+    # A cosine decay over 50 steps of the default preset at one update per step (45 after 5 of warm-up) ...
+    decay = ["steps=50", "optimizer.decay_steps=45", "optimizer.final_lr_fraction=0"]
     assert load_config(CONFIGS[0].parent / "default.yaml", decay).lr_schedule_note() is None
     # ... ends at step 13 of 50 with four minibatches per step: the run is told so.
     note = load_config(CONFIGS[0].parent / "default.yaml", decay + ["rl.minibatches=4"]).lr_schedule_note()
