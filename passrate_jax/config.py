@@ -104,7 +104,6 @@ class DataConfig:
         if self.min_level > 1 and (self.source != "builtin" or self.min_level > (self.max_level or levels)):
             raise ConfigError(f"min_level = {self.min_level}: needs source builtin and min_level <= max_level "
                               f"(here {self.max_level or levels})")
-        self.check_level_weights(self.level_weights, "level_weights", "data.level_weights")
         if self.source in ("jsonl", "parquet") and not self.path:
             raise ConfigError(f"path = '': source {self.source} needs a file")
         if self.source == "tfds" and not self.tfds_name:
@@ -134,10 +133,9 @@ class DataConfig:
             return "exact"
         return "task" if self._builtin_data else "math"
 
-    def check_level_weights(self, weights: tuple[float, ...], field: str, full_name: str = "") -> None:
-        """ConfigError naming ``field`` (``full_name`` in the hint, when the caller's section prefix is
-        added later) unless ``weights`` is empty or one weight >= 0 per drawn level of the built-in task
-        (levels min_level..max_level, a mixture: level 0), not all 0."""
+    def check_level_weights(self, weights: tuple[float, ...], field: str) -> None:
+        """ConfigError naming ``field`` unless ``weights`` is empty or one weight >= 0 per drawn level of
+        the built-in task (levels min_level..max_level, a mixture: level 0), not all 0."""
         if not weights:
             return
         from passrate_jax.data.tasks import TASKS
@@ -145,7 +143,7 @@ class DataConfig:
         top = self.max_level or len(TASKS[self.task].levels)
         if self.source != "builtin" or self.level:
             raise ConfigError(f"{field} = {list(weights)}: weights the built-in task's levels, so needs data.source "
-                              f"builtin and data.level 0 (here {self.source}, {self.level}); set {full_name or field}=[]")
+                              f"builtin and data.level 0 (here {self.source}, {self.level}); set {field}=[]")
         if len(weights) != top - self.min_level + 1 or min(weights) < 0 or sum(weights) <= 0:
             raise ConfigError(f"{field} = {list(weights)}: need {top - self.min_level + 1} weights >= 0 (levels "
                               f"{self.min_level}..{top}), not all 0")
@@ -248,6 +246,8 @@ class Config:
             # from stored token ids only, so "False" would silently train against zero log-probabilities.
             raise ConfigError("rl.recompute_old_logprobs = False: the training loop recomputes the old "
                               "log-probabilities with the trainer (it does not carry the sampler's); set it to true")
+        # Checked here, not in DataConfig.validate, so that each error names its own section's field.
+        self.data.check_level_weights(self.data.level_weights, "data.level_weights")
         if (self.warm_start.enabled and self.warm_start.misread_rate > 0
                 and (self.data.source != "builtin" or self.data.task == "countdown")):
             raise ConfigError(f"warm_start.misread_rate = {self.warm_start.misread_rate}: misread demonstrations "
