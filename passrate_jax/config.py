@@ -28,8 +28,9 @@ class DataConfig:
     source: Literal["builtin", "jsonl", "parquet", "tfds", "env"] = option(
         "builtin", doc="builtin: procedural task; jsonl/parquet: local file at path; tfds: array_record TFDS dataset; "
                        "env: multi-turn environment data.env (sampling.max_new_tokens is then per assistant turn)")
-    task: Literal["arithmetic", "countdown", "columns"] = option(
-        "arithmetic", doc="built-in task (source builtin); columns: longer 2- to 5-digit column arithmetic")
+    task: Literal["arithmetic", "countdown", "columns", "worked"] = option(
+        "arithmetic", doc="built-in task (source builtin); columns: longer 2- to 5-digit column arithmetic; "
+                          "worked: arithmetic's problems with the problem copied and the equation checked")
     env: str = option("calculator", doc="multi-turn environment (source env): calculator, files, or your own "
                                         "class 'path/to/file.py:ClassName' / 'package.module:ClassName' "
                                         "(protocol: passrate_jax/envs/base.py)")
@@ -251,7 +252,7 @@ class Config:
         if (self.warm_start.enabled and self.warm_start.misread_rate > 0
                 and (self.data.source != "builtin" or self.data.task == "countdown")):
             raise ConfigError(f"warm_start.misread_rate = {self.warm_start.misread_rate}: misread demonstrations "
-                              f"need data.source builtin and data.task arithmetic or columns (got {self.data.source}, "
+                              f"need data.source builtin and data.task arithmetic, columns or worked (got {self.data.source}, "
                               f"{self.data.task})")
         if self.warm_start.enabled:
             self.data.check_level_weights(self.warm_start.level_weights, "warm_start.level_weights")

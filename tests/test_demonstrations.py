@@ -43,6 +43,16 @@ def test_misread_changes_one_digit_and_its_solution_is_consistent_but_wrong(leve
         assert verify(p, text) == 0.0
 
 
+def test_worked_misreads_show_in_the_copied_problem():
+    worked = TASKS["worked"]
+    for i in range(60):
+        p = worked.sample(0, "train", i, level=5)
+        m = misread(p, random.Random(i))
+        text = reference_solution(m)
+        assert m.task == "worked" and text.split("\n")[0] == m.prompt.rstrip("\n") != p.prompt.rstrip("\n")
+        assert verify(m, text) == 1.0 and verify(p, text) == 0.0
+
+
 def test_misread_draws_every_digit_position():
     p = ARITH.sample(0, "train", 0, level=7)  # three 3-digit operands: nine positions
     seen = {(i, j) for k in range(600) for m in [misread(p, random.Random(k))]
@@ -83,7 +93,7 @@ def test_bad_misread_settings_fail_loudly():
         Misreads(1.5)
     with pytest.raises(ValueError, match="misread_min_level = 0"):
         Misreads(0.5, 0)
-    with pytest.raises(ValueError, match="arithmetic only"):
+    with pytest.raises(ValueError, match="arithmetic and worked only"):
         misread(TASKS["countdown"].sample(0, "train", 0), random.Random(0))
     with pytest.raises(ConfigError, match="warm_start.misread_rate = 0.5"):
         load_config(None, ["warm_start.misread_rate=0.5", "data.task=countdown"])

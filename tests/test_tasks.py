@@ -1,5 +1,8 @@
 """Built-in procedural tasks: deterministic generation, disjoint splits, formats and exact verifiers."""
 
+import dataclasses
+
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -9,7 +12,7 @@ from passrate_jax.data.tasks import (
 )
 from passrate_jax.tokenizer import CharTokenizer
 
-ARITH, COUNT = TASKS["arithmetic"], TASKS["countdown"]
+ARITH, COUNT, WORKED = TASKS["arithmetic"], TASKS["countdown"], TASKS["worked"]
 ALPHABET = set("\n" + "".join(chr(c) for c in range(32, 127)))
 
 
@@ -17,6 +20,10 @@ def _arith(*numbers, op="+"):
     """A hand-made arithmetic problem (the verifier reads only numbers, op and target)."""
     target = numbers[0] - numbers[1] if op == "-" else sum(numbers)
     return Problem("arithmetic", 0, op.join(map(str, numbers)) + "\n", str(target), 1, numbers, target, op)
+
+
+def _worked(*numbers, op="+"):
+    return dataclasses.replace(_arith(*numbers, op=op), task="worked")
 
 
 def _countdown(numbers, target, solution=()):
@@ -149,6 +156,46 @@ def test_arithmetic_accepts_equivalent_steps():
     assert ARITH.verify(_arith(457, 168), "8+7=15\n1+5+6=12\n4+1+1=6\n=> 625") == 1.0
     assert ARITH.verify(_arith(402, 158, op="-"), "12-8=4\n10-5-1=4\n4-1-1=2\n=> 244") == 1.0
     assert ARITH.verify(_arith(402, 158, op="-"), "12-8=4\n10-5-1=4\n4-1-1=2\n=> 245") == 0.0
+
+
+def test_worked_format_copies_the_problem_and_checks_the_equation():
+    assert reference_solution(_worked(457, 168)) == "457+168\n7+8=15\n5+6+1=12\n4+1+1=6\n457+168=625\n=> 625"
+    assert reference_solution(_worked(402, 158, op="-")) == \
+        "402-158\n12-8=4\n10-5-1=4\n4-1-1=2\n402-158=244\n=> 244"
+    # Arithmetic's levels and column lines; only the lines around the columns differ.
+    assert WORKED.levels == ARITH.levels
+    for w in [WORKED.sample(0, "train", i) for i in range(50)]:
+        a = dataclasses.replace(w, task="arithmetic")
+        assert reference_solution(w).split("\n")[1:-2] == reference_solution(a).split("\n")[:-1]
+        assert verify(a, reference_solution(w)) == 0.0 and verify(w, reference_solution(a)) == 0.0
+
+
+def test_worked_responses_average_30_tokens_on_the_default_levels():
+    # Issue 16's "responses average >= 30 tokens with intermediate lines", on levels 1-6 (arithmetic: 21).
+    six = [WORKED.sample(0, "heldout", i) for i in range(3000) if WORKED.sample(0, "heldout", i).level <= 6]
+    lengths = [len(CharTokenizer().encode(reference_solution(p))) + 1 for p in six]  # + eos
+    assert np.mean(lengths) >= 30
+    assert min(len(reference_solution(p).split("\n")) for p in six) >= 4
+
+
+@pytest.mark.parametrize("response", [
+    "457+186\n7+6=13\n5+8+1=14\n4+1+1=6\n457+186=643\n=> 643",  # the problem miscopied, solved as copied
+    "457+168\n7+8=15\n5+6+1=12\n4+1+1=6\n=> 625",             # no check line
+    "7+8=15\n5+6+1=12\n4+1+1=6\n457+168=625\n=> 625",         # no copied problem
+    "457+168\n7+8=15\n5+6+1=12\n4+1+1=6\n457+168=635\n=> 625",  # check line disagrees with the answer
+    "457+168\n7+8=15\n5+6+1=12\n4+1+1=6\n457+168=635\n=> 635",  # check and answer agree, both wrong
+    "457+168\n7+8=15\n5+6+1=12\n4+1+1=7\n457+168=625\n=> 625",  # a false column
+    "457+168\n7+8=15\n4+1+1=6\n457+168=625\n=> 625",           # a column missing
+    "168+457\n7+8=15\n5+6+1=12\n4+1+1=6\n168+457=625\n=> 625",  # copied in another order
+    "457+168\n457+168=625\n=> 625", "457+168\n=> 625", "=> 625", "", None,
+])
+def test_worked_rejects_corrupted_responses(response):
+    assert WORKED.verify(_worked(457, 168), response) == 0.0
+
+
+def test_worked_accepts_equivalent_steps():
+    assert WORKED.verify(_worked(457, 168), "457+168\n8+7=15\n1+5+6=12\n4+1+1=6\n457+168=625\n=> 625") == 1.0
+    assert WORKED.verify(_worked(457, 168), "457+168\n7+8=15\n5+6+1=12\n4+1+1=6\n457+168=625\n=> 625\n") == 1.0
 
 
 CD = _countdown((2, 3, 7, 9), 23, ((7, "*", 3, 21), (21, "+", 2, 23)))

@@ -65,8 +65,8 @@ def misread(problem: Problem, rng: random.Random) -> Problem:
     """``problem`` with one operand digit read wrongly, drawn uniformly over the digit changes that keep
     every operand's width (and, for subtraction, top >= bottom): the problem a misreading solver solves.
     Its level is the true problem's; its prompt, id and answer are the misread problem's own."""
-    if problem.task != "arithmetic":
-        raise ValueError(f"task = {problem.task!r}: misread demonstrations exist for arithmetic only")
+    if problem.task not in ("arithmetic", "worked"):
+        raise ValueError(f"task = {problem.task!r}: misread demonstrations exist for arithmetic and worked only")
     choices = []
     for i, j, d in _digit_choices(problem.numbers):
         text = str(problem.numbers[i])
@@ -77,7 +77,7 @@ def misread(problem: Problem, rng: random.Random) -> Problem:
     target = numbers[0] - numbers[1] if problem.op == "-" else sum(numbers)
     read = dataclasses.replace(problem, numbers=numbers, target=target)
     _, carries = _arithmetic_steps(read)
-    return _problem("arithmetic", problem.op.join(map(str, numbers)) + "\n", answer=str(target),
+    return _problem(problem.task, problem.op.join(map(str, numbers)) + "\n", answer=str(target),
                     level=problem.level, numbers=numbers, target=target, op=problem.op, carries=carries)
 
 

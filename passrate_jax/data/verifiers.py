@@ -5,7 +5,7 @@ bounded number of digits, then checked with integer arithmetic; nothing is ever 
 malformed response (wrong format, leading zeros, extra text, a non-string) scores 0.0 and never raises,
 so a verifier cannot stop training however bad a sample is.
 
-Both tasks share the response layout: one step per line, then a final line ``=> N``. Trailing spaces
+Every task shares the response layout: one step per line, then a final line ``=> N``. Trailing spaces
 and newlines are ignored; anything else out of format is a failure.
 """
 
@@ -77,6 +77,20 @@ def verify_arithmetic(problem: Problem, response: str) -> float:
             return 0.0
     answer = _final_answer(lines[-1])
     return float(answer is not None and answer == problem.target)
+
+
+def verify_worked(problem: Problem, response: str) -> float:
+    """1.0 iff ``response`` is the worked format of a right answer: the problem copied exactly as given,
+    column lines that :func:`verify_arithmetic` accepts, the check line ``<problem>=<answer>``, then
+    ``=> answer`` equal to ``problem.answer``. A miscopied problem scores 0 whatever follows."""
+    lines = _lines(response)
+    expression = problem.prompt.rstrip("\n")
+    if lines is None or len(lines) < 4 or lines[0] != expression:
+        return 0.0
+    answer = _final_answer(lines[-1])
+    if answer is None or lines[-2] != f"{expression}={answer}":
+        return 0.0
+    return verify_arithmetic(problem, "\n".join(lines[1:-2] + lines[-1:]))
 
 
 def verify_countdown(problem: Problem, response: str) -> float:
