@@ -172,7 +172,7 @@ def test_worked_format_copies_the_problem_and_checks_the_equation():
 
 def test_worked_responses_average_30_tokens_on_the_default_levels():
     # Issue 16's "responses average >= 30 tokens with intermediate lines", on levels 1-6 (arithmetic: 21).
-    six = [WORKED.sample(0, "heldout", i) for i in range(3000) if WORKED.sample(0, "heldout", i).level <= 6]
+    six = [p for p in (WORKED.sample(0, "heldout", i) for i in range(2000)) if p.level <= 6]
     lengths = [len(CharTokenizer().encode(reference_solution(p))) + 1 for p in six]  # + eos
     assert np.mean(lengths) >= 30
     assert min(len(reference_solution(p).split("\n")) for p in six) >= 4
