@@ -252,8 +252,8 @@ class Config:
         if (self.warm_start.enabled and self.warm_start.misread_rate > 0
                 and (self.data.source != "builtin" or self.data.task == "countdown")):
             raise ConfigError(f"warm_start.misread_rate = {self.warm_start.misread_rate}: misread demonstrations "
-                              f"need data.source builtin and data.task arithmetic, columns or worked (got {self.data.source}, "
-                              f"{self.data.task})")
+                              f"need data.source builtin and data.task arithmetic, columns or worked "
+                              f"(got {self.data.source}, {self.data.task})")
         if self.warm_start.enabled:
             self.data.check_level_weights(self.warm_start.level_weights, "warm_start.level_weights")
         self._check_prefix_sampling()
