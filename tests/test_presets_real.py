@@ -1,8 +1,8 @@
 """The shipped presets on their real paths, shortened by overrides only: no verifier is replaced.
 
 * ``configs/default.yaml`` (overridden: run length, a 200-step warm start, level 1 only (so no level
-  weights) so that it gets some answers right, evaluation size): the built-in arithmetic task with its
-  exact verifier, the supervised warm start, uniform allocation (GRPO) as shipped, the 0.8M-parameter
+  weights) so that it gets some answers right, evaluation size): the built-in worked-arithmetic task
+  with its exact verifier, the supervised warm start, uniform allocation (GRPO) as shipped, the 0.8M-parameter
   model; and the same preset switched to SARA + adaptive Prefix Sampling by its overrides
   (``configs/ps_sara_dps.yaml``'s path without DPS).
 * ``configs/qwen3_gsm8k.yaml`` as written (bfloat16, chat template, ``\\boxed{}`` extraction, math-verify
