@@ -48,7 +48,7 @@ def plot_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = Non
     def save(fig, name):
         fig.tight_layout()
         target = os.path.join(out_dir, name)
-        fig.savefig(target, dpi=110)
+        fig.savefig(target, dpi=110, bbox_inches="tight")
         plt.close(fig)
         written.append(target)
 
@@ -71,7 +71,8 @@ def plot_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = Non
                             label=f"{label}, +- 1 standard error")
     ax.set_xlabel("rollouts spent")
     ax.set_ylabel("accuracy")
-    ax.legend()
+    # Below the axes: inside, the legend covered the greedy curve, which sits near the top.
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, fontsize=8, frameon=False)
     ax.set_title("accuracy against rollouts spent")
     save(fig, "accuracy_vs_rollouts.png")
 
