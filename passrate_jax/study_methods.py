@@ -37,10 +37,14 @@ METHODS: dict[str, tuple[str, tuple[str, ...]]] = {
     "ps_same_step": ("PS adaptive, replayed in the same step", (*PS_ADAPTIVE, "prefix_sampling.timing=same_step")),
     "ps_on_top": ("PS adaptive, replays on top of B", (*PS_ADAPTIVE, "prefix_sampling.placement=on_top")),
     "ps_lines": ("PS adaptive, prefixes of whole lines", (*PS_ADAPTIVE, "prefix_sampling.granularity=lines")),
+    # Every cut at most 12% of the source answer's tokens: inside the built-in worked answer's first line
+    # (the copied problem, 15-19% of an answer), so the replay's continuation writes most of the copy.
+    "ps_first_line": ("PS adaptive, cuts inside the first line (r <= 0.12)",
+                      (*PS_ADAPTIVE, "prefix_sampling.ratio_init=0.1", "prefix_sampling.ratio_max=0.12")),
 }
 # The PS investigation's methods: run with ``passrate-jax study --methods grpo ps_adaptive ps_same_step ...``;
 # not in the default study.
-PS_INVESTIGATION = ("ps_same_step", "ps_on_top", "ps_lines")
+PS_INVESTIGATION = ("ps_same_step", "ps_on_top", "ps_lines", "ps_first_line")
 DEFAULT_METHODS = tuple(m for m in METHODS if m not in PS_INVESTIGATION)  # what ``study`` runs by default
 # Every method starts from "no selection, no PS" (and PS's switches at their defaults); its overrides
 # switch on what it uses.

@@ -22,7 +22,8 @@ from tests.test_train_e2e import TINY, _comparable, fake_verifier  # noqa: F401 
 PRESETS = {"grpo": "uniform", "ds": "ds", "ds_ideal": "ds_ideal", "mopps": "mopps", "dps": "dps", "sara": "sara",
            "sara_fixed": "sara_fixed", "sara_dps": "sara_dps", "pilot_commit": "pilot_commit",
            "ps_adaptive": "ps", "ps_fixed": "ps_fixed", "ps_hard_only": "ps_hard_only", "ps_sara_dps": "ps_sara_dps",
-           "ps_same_step": "ps_same_step", "ps_on_top": "ps_on_top", "ps_lines": "ps_lines"}
+           "ps_same_step": "ps_same_step", "ps_on_top": "ps_on_top", "ps_lines": "ps_lines",
+           "ps_first_line": "ps_first_line"}
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
