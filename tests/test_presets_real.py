@@ -1,8 +1,8 @@
 """The shipped presets on their real paths, shortened by overrides only: no verifier is replaced.
 
 * ``configs/default.yaml`` (overridden: run length, a 200-step warm start, level 1 only (so no level
-  weights) so that it gets some answers right, evaluation size): the built-in worked-arithmetic task
-  with its exact verifier, the supervised warm start, uniform allocation (GRPO) as shipped, the 0.8M-parameter
+  weights) so that it gets some answers right, buffer lengths that fit level 1, evaluation size): the
+  built-in worked-arithmetic task with its exact verifier, the supervised warm start, uniform allocation (GRPO) as shipped, the 0.8M-parameter
   model; and the same preset switched to SARA + adaptive Prefix Sampling by its overrides
   (``configs/ps_sara_dps.yaml``'s path without DPS).
 * ``configs/qwen3_gsm8k.yaml`` as written (bfloat16, chat template, ``\\boxed{}`` extraction, math-verify
@@ -28,7 +28,8 @@ SHORT = ["steps=2", "eval_every=2", "logging.tensorboard=false", "logging.progre
 def _short_default(tmp_path, warm_start_cache, overrides=()):
     cfg = load_config("configs/default.yaml", SHORT + [
         "warm_start.steps=200", f"warm_start.cache_dir={warm_start_cache}", "data.eval_size=32", "data.max_level=1",
-        "data.level_weights=[]", "warm_start.level_weights=[]", *overrides])
+        "data.level_weights=[]", "warm_start.level_weights=[]", "warm_start.max_len=48", "sampling.max_new_tokens=40",
+        *overrides])
     assert cfg.data.resolved_verifier == "task"
     summary = train(cfg, str(tmp_path / "run"), progress=False, log=lambda *a: None)
     records = read_jsonl(tmp_path / "run" / "metrics.jsonl")
