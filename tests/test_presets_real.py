@@ -2,9 +2,9 @@
 
 * ``configs/default.yaml`` (overridden: run length, a 200-step warm start, level 1 only (so no level
   weights) so that it gets some answers right, buffer lengths that fit level 1, evaluation size): the
-  built-in worked-arithmetic task with its exact verifier, the supervised warm start, uniform allocation (GRPO) as shipped, the 0.8M-parameter
-  model; and the same preset switched to SARA + adaptive Prefix Sampling by its overrides
-  (``configs/ps_sara_dps.yaml``'s path without DPS).
+  built-in worked-arithmetic task with its exact verifier, the supervised warm start, uniform allocation
+  (GRPO) as shipped, the 0.8M-parameter model; and the same preset switched to SARA + adaptive Prefix
+  Sampling by its overrides (``configs/ps_sara_dps.yaml``'s path without DPS).
 * ``configs/qwen3_gsm8k.yaml`` as written (bfloat16, chat template, ``\\boxed{}`` extraction, math-verify
   in its process pool, SARA + DPS + PS, ``rl.grad_accum = 64``) on a tiny random Qwen3 checkpoint and a
   word-level tokenizer built here. Overridden: the paths, the run length, the evaluation size and
