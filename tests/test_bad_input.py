@@ -54,7 +54,8 @@ def test_a_preset_that_switches_to_a_file_must_reset_builtin_keys():
         load_config("configs/default.yaml", [*file, "warm_start.misread_rate=0"])
     reset = [*file, "data.max_level=0", "data.train_size=0"]
     # The messages name the preset's own weights, whatever they are as shipped.
-    train_weights = re.escape(f"data.level_weights = {list(load_config('configs/default.yaml').data.level_weights)}")
+    shipped = load_config("configs/default.yaml")
+    train_weights = re.escape(f"data.level_weights = {list(shipped.data.level_weights)}")
     with pytest.raises(ConfigError, match=train_weights + r": weights the built-in task's levels, so "
                                           r"needs data\.source builtin and data\.level 0 \(here jsonl, 0\); set "
                                           r"data\.level_weights=\[\]"):
@@ -62,8 +63,8 @@ def test_a_preset_that_switches_to_a_file_must_reset_builtin_keys():
     reset.append("data.level_weights=[]")
     with pytest.raises(ConfigError, match=r"warm_start\.misread_rate = 0\.85: misread demonstrations need"):
         load_config("configs/default.yaml", reset)
-    shipped = list(load_config("configs/default.yaml").warm_start.level_weights)
-    with pytest.raises(ConfigError, match=re.escape(f"warm_start.level_weights = {shipped}") +
+    warm_weights = re.escape(f"warm_start.level_weights = {list(shipped.warm_start.level_weights)}")
+    with pytest.raises(ConfigError, match=warm_weights +
                        r": .*set warm_start\.level_weights=\[\]"):
         load_config("configs/default.yaml", [*reset, "warm_start.misread_rate=0"])
     load_config("configs/default.yaml", [*reset, "warm_start.misread_rate=0", "warm_start.level_weights=[]"])

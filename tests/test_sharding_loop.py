@@ -40,15 +40,12 @@ import numpy as np
 import pytest
 
 from passrate_jax.train import NONDETERMINISTIC_METRICS
+from tests.test_presets_real import LEVEL_ONE
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OVERRIDES = ["allocation.method=sara", "prefix_sampling.enabled=true", "prefix_sampling.mode=adaptive",
-             "steps=3", "eval_every=3", "data.eval_size=8", "data.max_level=1", "data.level_weights=[]",
-             "warm_start.level_weights=[]", "allocation.num_prompts=8",
-             "warm_start.steps=200", "logging.tensorboard=false", "logging.progress_bar=false",
-             # Level 1's worked answers are at most 23 characters: the shorter buffers of the arithmetic
-             # format fit them and keep this subprocess-heavy test's compiles small.
-             "warm_start.max_len=48", "sampling.max_new_tokens=40"]
+             "steps=3", "eval_every=3", "data.eval_size=8", "allocation.num_prompts=8", *LEVEL_ONE,
+             "logging.tensorboard=false", "logging.progress_bar=false"]
 MESHES = ("8,1,1", "2,2,2")  # (data, fsdp, tensor)
 RTOL, ATOL = 1e-4, 1e-6  # update/* metrics (measured: 3e-6 relative, 2.6e-7 absolute)
 PARAM_ATOL = 1e-6  # final parameters (measured: 1.5e-8)
