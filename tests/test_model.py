@@ -189,6 +189,33 @@ def test_scanned_unrolled_and_remat_give_equal_logits_and_gradients(scan_layers,
     np.testing.assert_allclose(np.asarray(cb.k), np.asarray(ca.k), atol=1e-6, rtol=0)
 
 
+def test_decode_form_cache_and_sliced_layer_weights_equal_the_stacked_path():
+    """KVCache.decode_form (per-layer keys [B, kv, e, S], values [B, kv, S, e]) with
+    Transformer.layer_weights: the same logits and cache as the stacked [L, B, S, kv, e] path, for a
+    one-token decode step and a three-token append; stacked() inverts decode_form()."""
+    cfg = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=3, num_heads=4,
+                      num_kv_heads=2, qk_norm=True, tie_embeddings=False, scan_layers=False)
+    model = create_model(cfg, seed=5)
+    rng = np.random.default_rng(2)
+    tokens = jnp.asarray(rng.integers(0, 64, (2, 5)))
+    _, cache = jax.jit(lambda m, t, c: m(t, cache=c))(model, tokens, init_cache(cfg, 2, 12, jnp.float32))
+    decode_form = cache.decode_form()
+    assert decode_form.slots == cache.slots == 12 and decode_form.k[0].shape == (2, 2, 8, 12)
+    np.testing.assert_array_equal(np.asarray(decode_form.stacked().k), np.asarray(cache.k))
+    for width in (1, 3):
+        new = jnp.asarray(rng.integers(0, 64, (2, width)))
+        positions = jnp.asarray([[5 + i for i in range(width)], [7 + i for i in range(width)]])  # row 1 skips 2
+        step = jax.jit(lambda m, c, w: m(new, positions, cache=c, layer_weights=w))
+        want_logits, want = step(model, cache, None)
+        got_logits, got = step(model, decode_form, model.layer_weights())
+        np.testing.assert_allclose(np.asarray(got_logits), np.asarray(want_logits), atol=1e-5, rtol=0)
+        for a, b in ((got.stacked().k, want.k), (got.stacked().v, want.v)):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6, rtol=0)
+    scanned = nnx.merge(nnx.graphdef(create_model(dataclasses.replace(cfg, scan_layers=True))), nnx.state(model))
+    with pytest.raises(ValueError, match="need unrolled layers"):
+        scanned(tokens[:, :1], cache=decode_form)
+
+
 @pytest.mark.parametrize("x_shape, w_shape, n_in, spec", [
     ((2, 5, 6), (6, 3, 4), 1, "btd,dhe->bthe"),   # q/k/v: out wider than in (x on the left in dW)
     ((2, 5, 3, 4), (3, 4, 6), 2, "bthe,hed->btd"),  # o: two input dims

@@ -23,12 +23,13 @@ GREEDY = SamplingConfig(temperature=0.0, **BUCKETS)
 SAMPLE = SamplingConfig(temperature=0.7, top_k=20, top_p=0.9, **BUCKETS)
 
 
-def tiny_model(seed: int = 0) -> Transformer:
+def tiny_model(seed: int = 0, scan_layers: bool = True) -> Transformer:
     """Qwen3-shaped (GQA, q/k norm) with numpy-random weights: matrices of std 0.2, so that next-token
     distributions are peaked and argmax never hinges on float rounding; numpy, because an eager or
-    jitted random init would cost more compile time than the tests themselves."""
+    jitted random init would cost more compile time than the tests themselves. The weights do not depend
+    on ``scan_layers``."""
     cfg = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
-                      num_kv_heads=2, qk_norm=True)
+                      num_kv_heads=2, qk_norm=True, scan_layers=scan_layers)
     graphdef, state = nnx.split(nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0))))
     rng = np.random.default_rng(seed)
     state = jax.tree.map(lambda x: jnp.asarray(

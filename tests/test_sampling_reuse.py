@@ -125,6 +125,27 @@ def test_live_turns_equal_reprefilling_the_conversation(sampler, mode):
         sampler.generate_live([Context(PROMPTS[3], max_new_tokens=8)], live_len=16, cfg=cfg)
 
 
+@pytest.mark.parametrize("mode", ["greedy", "sampled"])
+def test_unrolled_layers_decode_the_scanned_models_tokens(sampler, mode):
+    """Unrolled layers decode in KVCache.decode_form (per-layer buffers, keys [B, kv, e, S]) with the
+    layer weights sliced once: the same rows as the scanned model over a store's rounds and live turns."""
+    cfg = CFGS[mode]
+    unrolled = Sampler(tiny_model(scan_layers=False), CFGS["sampled"], eos_id=EOS)
+    contexts = [Context(PROMPTS[0], num_samples=3, context_id=60), Context(PROMPTS[3], num_samples=2, context_id=61)]
+    later = [Context(PROMPTS[3], num_samples=2, context_id=61, first_sample_index=2),
+             Context(PROMPTS[1], prefix_ids=PROMPTS[2], num_samples=2, context_id=62)]
+    scanned_store, unrolled_store = sampler.kv_store(), unrolled.kv_store()
+    for call in (contexts, later):
+        assert_same_rows(unrolled.generate(call, seed=5, cfg=cfg, store=unrolled_store),
+                         sampler.generate(call, seed=5, cfg=cfg, store=scanned_store))
+    lives = [s.generate_live(contexts, live_len=48, seed=5, cfg=cfg)[1] for s in (sampler, unrolled)]
+    turn = [Context(lives[0].tokens[p] + (7, 8, 9), context_id=70 + p, max_new_tokens=6) for p in (0, 3)]
+    (scanned_out, _), (unrolled_out, _) = (s.extend_live(live, [0, 3], turn, seed=5, cfg=cfg)
+                                           for s, live in zip((sampler, unrolled), lives))
+    assert lives[0].tokens == lives[1].tokens
+    assert_same_rows(unrolled_out, scanned_out)
+
+
 def test_equal_turns_share_one_append(sampler):
     store = sampler.kv_store()
     _, live = sampler.generate_live([Context(PROMPTS[1], num_samples=2, context_id=30)], live_len=48,

@@ -64,7 +64,9 @@ class ModelConfig:
     param_dtype: Literal["float32", "bfloat16"] = option("float32", doc="parameter storage dtype")
     lora: LoRAConfig = dataclasses.field(default_factory=LoRAConfig)
     scan_layers: bool = option(True, doc="run the layers under one lax.scan over stacked weights (compile time "
-                                         "flat in depth); false unrolls them (same weights, same results)")
+                                         "flat in depth); false unrolls them (same weights, same results; compile "
+                                         "time grows with depth, and decode runs in per-layer cache buffers, "
+                                         "measured 1.3-1.5x the scanned decode of a 6-layer model on CPU)")
     remat: Literal["none", "full", "dots"] = option(
         "none", doc="activation rematerialisation of each layer in the update: none keeps every activation, full "
                     "keeps only the layer inputs, dots also keeps matmul outputs without a batch dimension")

@@ -244,13 +244,19 @@ def decode(params: nnx.State, prefilled: PrefillOutput, rows: RowSpec, seed: jax
     first_logits = jnp.take(prefilled.last_logits_cv, rows.context_row_r, axis=0)
     state = _record(state, *_draw(first_logits, state, temperature, settings), settings, stop_ids)
     model = nnx.merge(graphdef, params)
+    layer_weights = None
+    if not model.cfg.scan_layers:  # unrolled layers decode in per-layer buffers and weights, sliced once
+        state = state.replace(cache=state.cache.decode_form())
+        layer_weights = model.layer_weights()
 
     def cond(s: SamplingState):
         return (s.step < g) & ~jnp.all(s.done_r)
 
     def body(s: SamplingState):
-        logits, cache = model(s.last_token_r[:, None], s.position_r[:, None], cache=s.cache, layout=layout)
+        logits, cache = model(s.last_token_r[:, None], s.position_r[:, None], cache=s.cache, layout=layout,
+                              layer_weights=layer_weights)
         s = s.replace(cache=cache, position_r=s.position_r + 1)
         return _record(s, *_draw(logits[:, 0], s, temperature, settings), settings, stop_ids)
 
-    return jax.lax.while_loop(cond, body, state)
+    state = jax.lax.while_loop(cond, body, state)
+    return state.replace(cache=state.cache.stacked())
