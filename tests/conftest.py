@@ -120,3 +120,36 @@ import tempfile as _tempfile
 
 jax.config.update("jax_compilation_cache_dir", _os.path.join(_tempfile.gettempdir(), "passrate-jax-test-xla-cache"))
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+
+
+# --- memory maps: XLA:CPU gives each compiled kernel its own memory mappings, and JAX's caches keep every
+# program the suite compiles alive. One pytest process compiles thousands of programs, enough to reach
+# Linux's per-process limit (vm.max_map_count, 65530 by default), where the next compile fails inside
+# XLA with a segfault or abort. A user's run compiles a handful of programs and is nowhere near it.
+def _map_count() -> int | None:
+    try:
+        with open("/proc/self/maps", "rb") as maps:
+            return sum(1 for _ in maps)
+    except OSError:  # not Linux: no such limit to watch
+        return None
+
+
+def _map_limit() -> int:
+    try:
+        with open("/proc/sys/vm/max_map_count") as limit:
+            return int(limit.read())
+    except (OSError, ValueError):
+        return 65530
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs():
+    """After each test module, past a third of the map limit, drop JAX's caches so the programs no test
+    still holds are freed (a later compile of the same program loads it from the compile cache above)."""
+    yield
+    count = _map_count()
+    if count is not None and count > _map_limit() // 3:
+        import gc
+
+        jax.clear_caches()
+        gc.collect()
