@@ -1,6 +1,7 @@
 """Shared test fixtures."""
 
 import functools
+import gc
 
 import jax
 import numpy as np
@@ -142,14 +143,15 @@ def _map_limit() -> int:
         return 65530
 
 
+_CLEAR_ABOVE_MAPS = _map_limit() // 3  # the limit is a kernel setting: read it once per session
+
+
 @pytest.fixture(autouse=True, scope="module")
 def _release_compiled_programs():
     """After each test module, past a third of the map limit, drop JAX's caches so the programs no test
     still holds are freed (a later compile of the same program loads it from the compile cache above)."""
     yield
     count = _map_count()
-    if count is not None and count > _map_limit() // 3:
-        import gc
-
+    if count is not None and count > _CLEAR_ABOVE_MAPS:
         jax.clear_caches()
         gc.collect()
