@@ -22,7 +22,7 @@ import numpy as np
 
 def regime_stats(session, params, *, num_samples: int, seed: int) -> dict:
     """Statistics of ``num_samples`` sampled answers per held-out prompt of ``session`` (see module doc)."""
-    from passrate_jax.evaluate import pass_at_k
+    from passrate_jax.run.evaluate import pass_at_k
     from passrate_jax.sampling.sampler import Context
 
     cfg = dataclasses.replace(session.sampler.cfg, temperature=session.cfg.sampling.temperature)
@@ -77,9 +77,9 @@ def main(argv=None) -> int:
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args(argv)
 
-    from passrate_jax.commands import load_run_params
-    from passrate_jax.config import load_config
-    from passrate_jax.session import Session
+    from passrate_jax.cli.commands import load_run_params
+    from passrate_jax.run.config import load_config
+    from passrate_jax.run.session import Session
 
     cfg = load_config(os.path.join(args.run_dir, "config.yaml"), args.overrides)
     session = Session.create(cfg, log=lambda *a: None)

@@ -5,7 +5,7 @@
 
 Default simulator (200 steps, 512 prompts, B = 8, N = 8, 5 seeds): the grid's 100 settings x 5 seeds run
 as vmapped calls, the grid split into ``--threads`` equal parts (default: one per core) run on threads
-(``passrate_jax.allocation.sweep.run_grid``). Reported: the compile (wall), then the run after it
+(``passrate_jax.study.sweep.run_grid``). Reported: the compile (wall), then the run after it
 (wall and process CPU seconds, best of ``--repeats``), and ``load_avg_1m`` (the machine is shared). The
 whole ``passrate-jax simulate`` reports its own ``wall_s``.
 """
@@ -20,8 +20,8 @@ import time
 import numpy as np
 
 from passrate_jax.allocation.config import AllocationConfig, PrefixSamplingConfig
-from passrate_jax.allocation.simulate import SimulatorConfig
-from passrate_jax.allocation.sweep import base_knobs, compile_grid, run_parts, sweep_knobs
+from passrate_jax.study.simulate import SimulatorConfig
+from passrate_jax.study.sweep import base_knobs, compile_grid, run_parts, sweep_knobs
 
 
 def grid_knobs(base, grid: str):

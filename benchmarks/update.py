@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from passrate_jax.config import MeshConfig
+from passrate_jax.run.config import MeshConfig
 from passrate_jax.model.config import ModelConfig
 from passrate_jax.model.transformer import Transformer
 from passrate_jax.rl.batch import make_train_batch

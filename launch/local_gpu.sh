@@ -114,7 +114,7 @@ fi
 if [[ $DRY_RUN == 0 || -x "$PY" ]]; then
   "$PY" - "$CONFIG" "${NGPU:-0}" "${NUM_NODES:-1}" "${MULTI[@]+"${MULTI[@]}"}" "${OVERRIDES[@]+"${OVERRIDES[@]}"}" <<'PYEOF' || exit 2
 import sys
-from passrate_jax.config import load_config
+from passrate_jax.run.config import load_config
 from passrate_jax.configlib import ConfigError
 config, gpus, nodes, overrides = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
 try:

@@ -9,7 +9,7 @@ The model is the preset's shape with random weights (``model.pretrained`` is ign
 is needed; the preset must spell out the checkpoint's shape, as the Qwen3 presets do). Shapes:
 
 * update: ``allocation.num_prompts * group_size`` rows x the width bucket of ``--prompt-tokens +
-  sampling.max_new_tokens`` (passrate_jax.train.WIDTH_BUCKETS), split into ``rl.grad_accum`` micro-batches;
+  sampling.max_new_tokens`` (passrate_jax.run.train.WIDTH_BUCKETS), split into ``rl.grad_accum`` micro-batches;
 * round 0 of a step (SARA / uniform with Prefix Sampling): up to ``max_replay_share * B`` replayed groups
   of N rows whose contexts hold the prompt plus a prefix of up to ``ratio_max * max_new_tokens`` tokens,
   plus the first probes of the fresh prompts; later rounds: up to B * N rows of prompt-only contexts.
@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", metavar="key.sub=value")
     args = parser.parse_args(argv)
 
-    from passrate_jax.config import load_config
+    from passrate_jax.run.config import load_config
     cfg = load_config(args.config, ["model.pretrained=null", *args.overrides])
     devices = cfg.mesh.devices or 1
     # Fake devices must be requested before jax initialises its backends.
@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
 def shapes(cfg, prompt_tokens: int) -> dict:
     """The worst-case program shapes of one step (see the module docstring)."""
     from passrate_jax.sampling.sampler import bucket
-    from passrate_jax.train import WIDTH_BUCKETS
+    from passrate_jax.run.train import WIDTH_BUCKETS
     s, a, ps = cfg.sampling, cfg.allocation, cfg.prefix_sampling
     row_shards = _row_shards(cfg)
     b, n = a.num_prompts, a.group_size
@@ -168,7 +168,7 @@ def measure(cfg, layers: int, prompt_tokens: int) -> dict:
 def summarize(cfg, prompt_tokens: int, measured: dict) -> dict:
     """Per-device bytes: XLA's buffer assignment of each compiled program, the analytic sizes next to it,
     and the peak over the step's programs."""
-    from passrate_jax.info import parameter_count
+    from passrate_jax.cli.info import parameter_count
     mc = cfg.model
     n_params = parameter_count(mc)
     data, fsdp, tensor = _mesh_sizes(cfg)

@@ -117,10 +117,10 @@ PY="${PYTHON:-}"
 if [[ -z "$PY" ]]; then
   if [[ -x "$REPO/.venv/bin/python" ]]; then PY="$REPO/.venv/bin/python"; else PY=python3; fi
 fi
-if "$PY" -c 'import passrate_jax.config' 2>/dev/null; then
+if "$PY" -c 'import passrate_jax.run.config' 2>/dev/null; then
   (cd "$REPO" && "$PY" - "$CONFIG" "$CHIPS" "$ACCEL" "${OVERRIDES[@]+"${OVERRIDES[@]}"}" <<'PYEOF') || exit 2
 import math, sys
-from passrate_jax.config import load_config
+from passrate_jax.run.config import load_config
 from passrate_jax.configlib import ConfigError
 config, chips, accel, overrides = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4:]
 try:

@@ -26,7 +26,7 @@ ENV_FLAG = "PASSRATE_JAX_DISTRIBUTED"
 
 
 def initialize(cfg) -> bool:
-    """Start ``jax.distributed`` when ``cfg.initialize`` (a :class:`~passrate_jax.config.DistributedConfig`)
+    """Start ``jax.distributed`` when ``cfg.initialize`` (a :class:`~passrate_jax.run.config.DistributedConfig`)
     or the environment's ``PASSRATE_JAX_DISTRIBUTED=1`` asks for it; a no-op when already started.
     Must run before any other JAX call. Returns whether this run is multi-process."""
     wanted = cfg.initialize or os.environ.get(ENV_FLAG, "") not in ("", "0")

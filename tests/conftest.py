@@ -71,7 +71,7 @@ def torch_logits(model, tokens_bt, positions_bt=None, attention_mask_bt=None) ->
 
 def saved_params(run_dir, step: int) -> list[np.ndarray]:
     """The parameter leaves of ``run_dir``'s checkpoint ``step``, which must be its latest."""
-    from passrate_jax.checkpoint import RunCheckpointer
+    from passrate_jax.run.checkpoint import RunCheckpointer
 
     ckpt = RunCheckpointer(run_dir)
     assert ckpt.latest_step() == step

@@ -16,9 +16,10 @@ import sys
 import jax
 import numpy as np
 
-from passrate_jax import distributed, train as train_module
-from passrate_jax.config import load_config
-from passrate_jax.metrics import read_jsonl
+from passrate_jax import distributed
+from passrate_jax.run import train as train_module
+from passrate_jax.run.config import load_config
+from passrate_jax.run.metrics import read_jsonl
 
 
 def _traced_collect(steps: list, original):

@@ -11,7 +11,7 @@ import pytest
 
 from passrate_jax.allocation import Allocator, Result, state_from_dict, state_to_dict
 from passrate_jax.allocation.config import AllocationConfig, PrefixSamplingConfig, SaraConfig
-from passrate_jax.allocation.simulate import SimulatorConfig, main, simulate
+from passrate_jax.study.simulate import SimulatorConfig, main, simulate
 
 B, N, P = 4, 8, 48
 
@@ -114,8 +114,8 @@ def test_protocol_errors():
 def test_no_method_runs_out_of_table_rows():
     """Every composition on a population from hopeless to mixed, with PS replays and ideal DS's surplus,
     never needs more rows than its setup's capacity (``simulate`` raises if one does)."""
-    from passrate_jax.allocation.simulate import run_method
-    from passrate_jax.allocation.sweep import base_knobs
+    from passrate_jax.study.simulate import run_method
+    from passrate_jax.study.sweep import base_knobs
     sim = SimulatorConfig(steps=6, num_prompts=96, seeds=2, mixture_weights=(0.6, 0.2, 0.2))
     alloc, ps = AllocationConfig(num_prompts=B), PrefixSamplingConfig()
     for name in sim.methods:
@@ -149,7 +149,7 @@ def test_simulator_smoke(tmp_path, capsys):
 def test_simulator_runs_the_allocator_step_for_step():
     """The simulator's pure step is the host allocator's: driving the Allocator by hand with the same
     Bernoulli draws gives the same groups and rollouts."""
-    from passrate_jax.allocation.simulate import method_configs, population, run_method
+    from passrate_jax.study.simulate import method_configs, population, run_method
     sim = SimulatorConfig(steps=3, num_prompts=40, seeds=1, drift=0.0)
     # A selection method's pool, method none's per-step order, and PS's same-step replays on top of B.
     for name, ps in (("sara+dps+ps", PrefixSamplingConfig()), ("sara+ps", PrefixSamplingConfig()),
@@ -186,8 +186,8 @@ def test_simulator_runs_the_allocator_step_for_step():
 
 
 def test_a_grid_split_over_threads_gives_each_setting_the_numbers_of_one_call():
-    from passrate_jax.allocation.simulate import run_method
-    from passrate_jax.allocation.sweep import base_knobs, grid_parts, run_grid, sweep_knobs
+    from passrate_jax.study.simulate import run_method
+    from passrate_jax.study.sweep import base_knobs, grid_parts, run_grid, sweep_knobs
     sim = SimulatorConfig(steps=4, num_prompts=48, seeds=2)
     alloc, ps = AllocationConfig(num_prompts=B), PrefixSamplingConfig()
     knobs = sweep_knobs(base_knobs("sara", sim, alloc, ps), tau_abandon=[0.2, 0.3, 0.4, 0.5],

@@ -8,11 +8,11 @@ from collections import namedtuple
 
 import pytest
 
-from passrate_jax import session as session_module
-from passrate_jax.config import load_config
+from passrate_jax.run import session as session_module
+from passrate_jax.run.config import load_config
 from passrate_jax.configlib import ConfigError
-from passrate_jax.metrics import read_jsonl
-from passrate_jax.train import train
+from passrate_jax.run.metrics import read_jsonl
+from passrate_jax.run.train import train
 from tests.test_train_e2e import TINY, hash_reward
 
 
@@ -87,7 +87,7 @@ def test_unwritable_run_dir_fails_before_compute(tmp_path, no_model):
 
 
 def test_run_dir_without_room_for_a_checkpoint_fails_before_training(tmp_path, monkeypatch):
-    import passrate_jax.checkpoint as checkpoint
+    import passrate_jax.run.checkpoint as checkpoint
     usage = namedtuple("usage", "total used free")
     monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda path: usage(10**9, 10**9 - 4096, 4096))
     cfg = load_config(None, TINY + ["steps=1"])
@@ -99,7 +99,7 @@ def test_run_dir_without_room_for_a_checkpoint_fails_before_training(tmp_path, m
 def test_disk_full_during_a_checkpoint_stops_the_run_and_it_resumes(tmp_path, monkeypatch):
     """A save that hits ENOSPC stops the run with the OS error (no silent loss); the checkpoint before
     it is intact, and rerunning resumes from it with every step recorded once."""
-    from passrate_jax.checkpoint import RunCheckpointer
+    from passrate_jax.run.checkpoint import RunCheckpointer
     monkeypatch.setattr(session_module.Session, "score", lambda self, records, texts: hash_reward(records, texts))
     original = RunCheckpointer.save
 

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from passrate_jax.checkpoint import RunCheckpointer
+from passrate_jax.run.checkpoint import RunCheckpointer
 
 
 def _state(seed):

@@ -1,7 +1,7 @@
 """``passrate-jax info`` prints the resolved config, the devices, the mesh and the parameter count."""
 
-from passrate_jax.cli import main
-from passrate_jax.info import parameter_count
+from passrate_jax.cli.main import main
+from passrate_jax.cli.info import parameter_count
 from passrate_jax.model import ModelConfig
 
 
@@ -25,7 +25,7 @@ def test_info_prints_config_devices_mesh_and_parameters(capsys):
 def test_overrides_may_come_before_and_after_options(capsys):
     import pytest
 
-    from passrate_jax.cli import build_parser, parse
+    from passrate_jax.cli.main import build_parser, parse
     args = parse(build_parser(), ["train", "data.source=jsonl", "data.path=a.jsonl", "--run-dir", "runs/x", "steps=4",
                                   "--config", "c.yaml", "seed=1"])
     assert args.overrides == ["data.source=jsonl", "data.path=a.jsonl", "steps=4", "seed=1"]

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from passrate_jax.config import Config, dump_config, load_config
+from passrate_jax.run.config import Config, dump_config, load_config
 from passrate_jax.configlib import ConfigError, apply_overrides, describe, parse_override
 
 CONFIGS = sorted((pathlib.Path(__file__).parent.parent / "configs").glob("**/*.yaml"))
@@ -108,7 +108,7 @@ def test_describe_lists_every_leaf():
 
 def test_cli_bad_config_fails_before_compute():
     # A bad key exits with status 2 and a one-line message, before any device is touched.
-    code = ("import sys; from passrate_jax.cli import main; rc = main(['info', 'allocation.methd=sara']);"
+    code = ("import sys; from passrate_jax.cli.main import main; rc = main(['info', 'allocation.methd=sara']);"
             "from jax._src import xla_bridge; assert not xla_bridge._backends, 'backend initialised'; sys.exit(rc)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr

@@ -4,9 +4,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from passrate_jax.config import load_config
+from passrate_jax.run.config import load_config
 from passrate_jax.data.formatting import PromptFormat, extract_answer
-from passrate_jax.tokenizer import CharTokenizer
+from passrate_jax.text.tokenizer import CharTokenizer
 
 
 @pytest.mark.parametrize("text, expected", [

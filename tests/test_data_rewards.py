@@ -7,7 +7,7 @@ import time
 import numpy as np
 import pytest
 
-from passrate_jax.config import load_config
+from passrate_jax.run.config import load_config
 from passrate_jax.data.math_verify_pool import VerifierPool, WarningCounter
 from passrate_jax.data.rewards import Rewarder, exact_match, numeric_match, parse_number
 from passrate_jax.data.sources import PromptRecord, builtin_source

@@ -6,7 +6,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from passrate_jax.config import load_config
+from passrate_jax.run.config import load_config
 from passrate_jax.data.configured import make_source
 from passrate_jax.data.sources import (BadDataError, Fields, PromptRecord, builtin_problem, builtin_source,
                                        file_source, read_jsonl, stable_id)

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from passrate_jax.config import load_config
+from passrate_jax.run.config import load_config
 from passrate_jax.data.rewards import Rewarder
 from passrate_jax.data.configured import make_source
 from passrate_jax.data.sources import BadDataError, Fields, builtin_source

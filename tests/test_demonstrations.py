@@ -9,12 +9,12 @@ import random
 import numpy as np
 import pytest
 
-from passrate_jax.config import Config, ConfigError, load_config
+from passrate_jax.run.config import Config, ConfigError, load_config
 from passrate_jax.configlib import to_dict
 from passrate_jax.data.demonstrations import Misreads, demonstration, misread
 from passrate_jax.data.tasks import TASKS, reference_solution, task_with_levels, verify
-from passrate_jax.sft import cache_key, sft_batch
-from passrate_jax.tokenizer import CharTokenizer
+from passrate_jax.run.sft import cache_key, sft_batch
+from passrate_jax.text.tokenizer import CharTokenizer
 
 ARITH = TASKS["arithmetic"]
 

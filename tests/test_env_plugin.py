@@ -8,12 +8,12 @@ import os
 import numpy as np
 import pytest
 
-from passrate_jax.config import load_config
+from passrate_jax.run.config import load_config
 from passrate_jax.configlib import ConfigError
 from passrate_jax.envs import Episode, resolve_env
 from passrate_jax.envs.base import split_of
-from passrate_jax.metrics import read_jsonl
-from passrate_jax.train import train
+from passrate_jax.run.metrics import read_jsonl
+from passrate_jax.run.train import train
 from test_plugins import check_success_is_reward_at_threshold, spy_on_rewards
 
 EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "examples", "guess_env.py") + ":GuessEnv"
@@ -58,7 +58,7 @@ def test_example_environment_expert_solves_every_task_within_the_turn_limit():
     ("{example}:Guess", "defines no 'Guess'"),
 ])
 def test_an_unloadable_environment_fails_before_compute_naming_it(tmp_path, capsys, spec, message):
-    from passrate_jax.cli import main
+    from passrate_jax.cli.main import main
     (tmp_path / "raises.py").write_text("raise RuntimeError('no GPU here')\n")
     spec = spec.format(dir=tmp_path, example=EXAMPLE.rpartition(":")[0])
     assert main(["train", "--run-dir", str(tmp_path / "run"), "data.source=env", f"data.env={spec}"]) == 2
@@ -76,8 +76,8 @@ def test_a_class_missing_the_protocol_is_refused_before_compute(tmp_path):
 
 
 def test_editing_a_plugin_environment_invalidates_its_cached_warm_start(tmp_path):
-    from passrate_jax.envs.data import warm_start_key
-    from passrate_jax.sft import cache_key
+    from passrate_jax.rollout.env_data import warm_start_key
+    from passrate_jax.run.sft import cache_key
     path = tmp_path / "env.py"
     path.write_text(open(EXAMPLE.rpartition(":")[0]).read())
     cfg = load_config(None, ["data.source=env", f"data.env={path}:GuessEnv"])
@@ -142,8 +142,8 @@ def test_graded_plugin_environment_trains_on_float_rewards_with_success_at_the_t
 
 def _store(env, task):
     from passrate_jax.envs.replay import TurnCodec
-    from passrate_jax.envs.rollouts import EnvRollouts
-    from passrate_jax.tokenizer import CharTokenizer
+    from passrate_jax.rollout.env import EnvRollouts
+    from passrate_jax.text.tokenizer import CharTokenizer
     tok = CharTokenizer()
     return EnvRollouts(env, [task].__getitem__, lambda i: tok.encode(task.prompt, add_bos=True), TurnCodec(tok),
                        None, max_turns=env.max_turns, max_len=256, turn_tokens=16, pad_id=tok.pad_id,

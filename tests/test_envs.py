@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 
 from passrate_jax.allocation import Prefix, Request, TrainGroup
-from passrate_jax.config import load_config
+from passrate_jax.run.config import load_config
 from passrate_jax.configlib import ConfigError
 from passrate_jax.envs import ENVS, CalculatorEnv, Episode, EnvTask, Transition
-from passrate_jax.envs.data import expert_trajectory
+from passrate_jax.rollout.env_data import expert_trajectory
 from passrate_jax.envs.episodes import Rollout
 from passrate_jax.envs.replay import Turn, TurnCodec, cut_turns, replay, trajectory_tokens, turn_ids
-from passrate_jax.envs.rollouts import EnvRollouts
-from passrate_jax.tokenizer import CharTokenizer
+from passrate_jax.rollout.env import EnvRollouts
+from passrate_jax.text.tokenizer import CharTokenizer
 
 TOK = CharTokenizer()
 CODEC = TurnCodec(TOK)

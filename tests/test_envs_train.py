@@ -18,13 +18,13 @@ import sys
 import numpy as np
 import pytest
 
-from passrate_jax.config import load_config
+from passrate_jax.run.config import load_config
 from passrate_jax.envs import ENVS, Episode
 from passrate_jax.envs.episodes import Start, run_episodes
 from passrate_jax.envs.replay import TurnCodec
-from passrate_jax.envs.rollouts import EnvRollouts
-from passrate_jax.metrics import read_jsonl
-from passrate_jax.train import NONDETERMINISTIC_METRICS, train
+from passrate_jax.rollout.env import EnvRollouts
+from passrate_jax.run.metrics import read_jsonl
+from passrate_jax.run.train import NONDETERMINISTIC_METRICS, train
 
 TINY = ["model.hidden_size=32", "model.intermediate_size=64", "model.num_layers=1", "model.num_heads=2",
         "model.num_kv_heads=1", "model.max_position_embeddings=256", "warm_start.enabled=false",
@@ -71,7 +71,7 @@ class NoisyEnv(CoinFlipEnv):
 def _tiny_sampler():
     from passrate_jax.model import create_model
     from passrate_jax.sampling.sampler import Sampler
-    from passrate_jax.tokenizer import CharTokenizer
+    from passrate_jax.text.tokenizer import CharTokenizer
     cfg = load_config(None, TINY)
     tok = CharTokenizer()
     return Sampler(create_model(cfg.model, seed=0), dataclasses.replace(cfg.sampling, max_new_tokens=10),
@@ -192,7 +192,7 @@ def test_documented_longer_run(tmp_path, preset):
     """The README's command: warm start on expert trajectories (cached), then RL with PS on. Reports held-out
     success before and after and each PS bucket's re-rollout pass rate (first and last five steps)."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    subprocess.run([sys.executable, "-m", "passrate_jax.cli", "train", "--config", f"configs/{preset}", "--run-dir",
+    subprocess.run([sys.executable, "-m", "passrate_jax.cli.main", "train", "--config", f"configs/{preset}", "--run-dir",
                     str(tmp_path), "--no-progress"], check=True, cwd=root, timeout=3600)
     records = read_jsonl(tmp_path / "metrics.jsonl")
     before, after = records[0]["eval_accuracy"], records[-1]["eval_accuracy"]

@@ -9,9 +9,9 @@ import textwrap
 import numpy as np
 import pytest
 
-from passrate_jax.cli import main
-from passrate_jax.config import dump_config, load_config
-from passrate_jax.train import train
+from passrate_jax.cli.main import main
+from passrate_jax.run.config import dump_config, load_config
+from passrate_jax.run.train import train
 
 TINY = ["model.hidden_size=32", "model.intermediate_size=64", "model.num_layers=1", "model.num_heads=2",
         "model.num_kv_heads=1", "model.max_position_embeddings=128", "warm_start.enabled=false",

@@ -5,7 +5,7 @@ import itertools
 import numpy as np
 import pytest
 
-from passrate_jax.evaluate import mcnemar_exact_p, paired_difference, pass_at_k, summarise
+from passrate_jax.run.evaluate import mcnemar_exact_p, paired_difference, pass_at_k, summarise
 
 
 @pytest.mark.parametrize("n", [1, 2, 5, 8])

@@ -9,12 +9,12 @@ import numpy as np
 from flax import nnx
 
 from conftest import forward, torch_logits
-from passrate_jax.cli import main
-from passrate_jax.config import load_config
+from passrate_jax.cli.main import main
+from passrate_jax.run.config import load_config
 from passrate_jax.model import create_model
-from passrate_jax.session import Session
-from passrate_jax.tokenizer import CharTokenizer, load_tokenizer
-from passrate_jax.train import train
+from passrate_jax.run.session import Session
+from passrate_jax.text.tokenizer import CharTokenizer, load_tokenizer
+from passrate_jax.run.train import train
 from test_train_e2e import hash_reward
 from test_train_hf import write_tokenizer
 

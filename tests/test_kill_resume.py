@@ -19,8 +19,8 @@ import time
 
 import numpy as np
 
-from passrate_jax.checkpoint import RunCheckpointer
-from passrate_jax.metrics import read_jsonl
+from passrate_jax.run.checkpoint import RunCheckpointer
+from passrate_jax.run.metrics import read_jsonl
 from tests.conftest import saved_params
 from tests.test_train_e2e import TINY, _comparable
 
@@ -35,9 +35,9 @@ TMP_MARK = ".orbax-checkpoint-tmp"
 
 
 def _cmd(run_dir):
-    code = ("import sys, tests.test_train_e2e as t; from passrate_jax.session import Session;"
+    code = ("import sys, tests.test_train_e2e as t; from passrate_jax.run.session import Session;"
             "Session.score = lambda self, r, x: t.hash_reward(r, x);"
-            "from passrate_jax.cli import main; sys.exit(main(sys.argv[1:]))")
+            "from passrate_jax.cli.main import main; sys.exit(main(sys.argv[1:]))")
     return [sys.executable, "-c", code, "train", "--run-dir", str(run_dir), "--no-progress", *OVERRIDES]
 
 

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from passrate_jax.config import load_config
+from passrate_jax.run.config import load_config
 
 ROOT = pathlib.Path(__file__).parent.parent
 CONFIGS = ROOT / "configs"
@@ -265,7 +265,7 @@ def test_machine_presets_load_and_their_mesh_matches_the_machine(name):
 
 @pytest.mark.parametrize("name", sorted(MACHINE_PRESETS))
 def test_memory_arithmetic_in_the_header_matches_the_model(name):
-    from passrate_jax.info import parameter_count
+    from passrate_jax.cli.info import parameter_count
     path = CONFIGS / name
     cfg = load_config(path, ["model.pretrained=null"])
     text = header(path)

@@ -7,7 +7,7 @@ import os
 import jax.numpy as jnp
 import numpy as np
 
-from passrate_jax.metrics import MetricsWriter, read_jsonl, to_python
+from passrate_jax.run.metrics import MetricsWriter, read_jsonl, to_python
 
 
 def test_to_python():
@@ -50,7 +50,7 @@ def test_killed_writes_are_dropped_on_restart(tmp_path):
 
 def test_remote_run_directory_is_rewritten_whole(tmp_path, monkeypatch):
     # gs:// has no append: the writer keeps the records and rewrites the file (exercised on a local path).
-    from passrate_jax import metrics
+    from passrate_jax.run import metrics
     monkeypatch.setattr(metrics, "is_remote", lambda path: True)
     w = metrics.MetricsWriter(tmp_path, tensorboard=False)
     assert w._file is None

@@ -24,7 +24,7 @@ import jax
 import numpy as np
 import pytest
 
-from passrate_jax.metrics import read_jsonl
+from passrate_jax.run.metrics import read_jsonl
 from tests.conftest import saved_params
 from tests.test_train_e2e import TINY, _comparable
 
@@ -49,9 +49,9 @@ def _free_port() -> int:
 def _cmd(run_dir, devices, *extra):
     # Each run warm-starts itself: its own cache directory, empty at its start.
     overrides = OVERRIDES + [f"mesh.devices={devices}", f"warm_start.cache_dir={run_dir}_cache", *extra]
-    code = ("import sys, tests.test_train_e2e as t; from passrate_jax.session import Session;"
+    code = ("import sys, tests.test_train_e2e as t; from passrate_jax.run.session import Session;"
             "Session.score = lambda self, r, x: t.hash_reward(r, x);"
-            "from passrate_jax.cli import main; sys.exit(main(sys.argv[1:]))")
+            "from passrate_jax.cli.main import main; sys.exit(main(sys.argv[1:]))")
     return [sys.executable, "-c", code, "train", "--run-dir", str(run_dir), "--no-progress", *overrides]
 
 
@@ -176,7 +176,7 @@ def test_two_processes_warm_start_kill_and_resume_train_like_one(tmp_path):
 
 
 def test_partial_coordinator_settings_fail_before_compute():
-    from passrate_jax.config import load_config
+    from passrate_jax.run.config import load_config
     from passrate_jax.configlib import ConfigError
     with pytest.raises(ConfigError, match="num_processes = 2"):
         load_config(None, ["distributed.num_processes=2"])
@@ -186,7 +186,7 @@ def test_partial_coordinator_settings_fail_before_compute():
 
 
 def test_mesh_laid_out_for_another_slice_is_refused():
-    from passrate_jax.config import MeshConfig
+    from passrate_jax.run.config import MeshConfig
     from passrate_jax.sharding import make_mesh
     with pytest.raises(ValueError, match=f"mesh.devices = 64: .* this run has {jax.device_count()}"):
         make_mesh(MeshConfig(data=-1, devices=64))

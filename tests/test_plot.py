@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from passrate_jax.cli import main
-from passrate_jax.plot import plot_run
+from passrate_jax.cli.main import main
+from passrate_jax.run.plot import plot_run
 
 
 def _write_metrics(path):

@@ -8,13 +8,13 @@ import textwrap
 import numpy as np
 import pytest
 
-from passrate_jax import train as train_module
-from passrate_jax.cli import main
-from passrate_jax.config import load_config
+from passrate_jax.run import train as train_module
+from passrate_jax.cli.main import main
+from passrate_jax.run.config import load_config
 from passrate_jax.configlib import ConfigError
 from passrate_jax.data.rewards import Rewarder
 from passrate_jax.data.sources import PromptRecord
-from passrate_jax.metrics import read_jsonl
+from passrate_jax.run.metrics import read_jsonl
 
 TINY = ["model.hidden_size=32", "model.intermediate_size=64", "model.num_layers=1", "model.num_heads=2",
         "model.num_kv_heads=1", "model.max_position_embeddings=128", "warm_start.enabled=false",

@@ -10,9 +10,9 @@ import pytest
 
 from passrate_jax.allocation import Allocator, Prefix, Request, Result
 from passrate_jax.allocation.config import AllocationConfig, PrefixSamplingConfig
-from passrate_jax.config import load_config
+from passrate_jax.run.config import load_config
 from passrate_jax.configlib import ConfigError
-from passrate_jax.rollouts import TextRollouts, cut_prefix
+from passrate_jax.rollout.text import TextRollouts, cut_prefix
 from tests.test_train_e2e import TINY, fake_verifier  # noqa: F401 - fixture
 
 B, N, P = 8, 8, 64
@@ -172,8 +172,8 @@ def test_text_backend_cuts_replays_at_its_granularity():
 
 # --------------------------------------------------------------------------- a short training run
 def test_all_three_switches_train_with_one_update_program(tmp_path, monkeypatch, fake_verifier):  # noqa: F811
-    from passrate_jax.metrics import read_jsonl
-    from passrate_jax.train import train
+    from passrate_jax.run.metrics import read_jsonl
+    from passrate_jax.run.train import train
     batch_rows = []
     original = TextRollouts.batch
     monkeypatch.setattr(TextRollouts, "batch", lambda self, groups, rows: batch_rows.append(rows) or original(

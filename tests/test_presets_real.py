@@ -17,9 +17,9 @@ import shutil
 import numpy as np
 import pytest
 
-from passrate_jax.config import load_config
-from passrate_jax.metrics import read_jsonl
-from passrate_jax.train import train
+from passrate_jax.run.config import load_config
+from passrate_jax.run.metrics import read_jsonl
+from passrate_jax.run.train import train
 from tests.test_train_hf import write_tokenizer
 
 SHORT = ["steps=2", "eval_every=2", "logging.tensorboard=false", "logging.progress_bar=false"]

@@ -6,8 +6,8 @@ import pathlib
 import numpy as np
 import pytest
 
-from passrate_jax.config import load_config
-from passrate_jax.session import Session
+from passrate_jax.run.config import load_config
+from passrate_jax.run.session import Session
 
 from test_train_e2e import TINY
 

@@ -20,7 +20,7 @@ import optax
 import pytest
 from flax import nnx
 
-from passrate_jax.config import MeshConfig
+from passrate_jax.run.config import MeshConfig
 from passrate_jax.model.transformer import Transformer
 from passrate_jax.rl.config import OptimizerConfig, RLConfig
 from passrate_jax.rl.optimizer import make_optimizer

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from passrate_jax.config import MeshConfig
+from passrate_jax.run.config import MeshConfig
 from passrate_jax.model.config import ModelConfig
 from passrate_jax.model.transformer import Transformer
 from passrate_jax.rl import losses
@@ -168,7 +168,7 @@ def test_masked_slots_do_not_change_the_update(model_parts, multi_step):
 _SHARDED_SCRIPT = textwrap.dedent("""
     import json, jax, jax.numpy as jnp, numpy as np
     from flax import nnx
-    from passrate_jax.config import MeshConfig
+    from passrate_jax.run.config import MeshConfig
     from passrate_jax.model.transformer import Transformer
     from passrate_jax.rl.config import OptimizerConfig
     from passrate_jax.rl.optimizer import make_optimizer

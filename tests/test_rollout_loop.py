@@ -13,11 +13,11 @@ from passrate_jax.allocation import Allocator, Prefix, Request, StepResult, Trai
 from passrate_jax.allocation.config import AllocationConfig, PrefixSamplingConfig
 from passrate_jax.envs.episodes import Rollout
 from passrate_jax.envs.replay import Turn, TurnCodec
-from passrate_jax.envs.rollouts import EnvRollouts
-from passrate_jax.loop import collect_rollouts, rollout_metrics
-from passrate_jax.rollouts import TextRollouts, score_each
+from passrate_jax.rollout.env import EnvRollouts
+from passrate_jax.rollout.loop import collect_rollouts, rollout_metrics
+from passrate_jax.rollout.text import TextRollouts, score_each
 from passrate_jax.sampling.prefix_store import PrefixStore
-from passrate_jax.tokenizer import CharTokenizer
+from passrate_jax.text.tokenizer import CharTokenizer
 from tests.test_envs import NoisyCalculator
 
 EOS = 2

@@ -5,7 +5,7 @@ import argparse
 import json
 import shutil
 
-from passrate_jax import generate_cli
+from passrate_jax.cli import generate as generate_cli
 
 EOS, PAD = 1, 0
 

@@ -13,7 +13,7 @@ SCRIPT = r"""
 import json, sys
 sys.path.insert(0, sys.argv[1])
 import jax, numpy as np
-from passrate_jax.config import MeshConfig
+from passrate_jax.run.config import MeshConfig
 from passrate_jax.sampling import Context, Sampler
 from passrate_jax.sharding import make_mesh
 from test_sampling import CONTEXTS, EOS, GREEDY, SAMPLE, tiny_model

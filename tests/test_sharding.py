@@ -9,7 +9,7 @@ import jax
 import pytest
 from jax.sharding import AbstractMesh, PartitionSpec as P
 
-from passrate_jax.config import MeshConfig
+from passrate_jax.run.config import MeshConfig
 from passrate_jax.sharding import LOGICAL_AXIS_RULES, logical_to_spec, make_mesh
 
 MESH_222 = AbstractMesh((2, 2, 2), ("data", "fsdp", "tensor"))
@@ -53,7 +53,7 @@ _EIGHT_DEVICE_SCRIPT = textwrap.dedent("""
     import jax, numpy as np
     from flax import nnx
     from jax.sharding import NamedSharding, PartitionSpec as P
-    from passrate_jax.config import MeshConfig
+    from passrate_jax.run.config import MeshConfig
     from passrate_jax.model import ModelConfig, create_model, init_cache, load_pretrained, save_pretrained
     from passrate_jax.sharding import (KV_CACHE_AXES, batch_sharding, logical_sharding, make_mesh,
                                        param_shardings, shard_model)

@@ -39,7 +39,7 @@ import sys
 import numpy as np
 import pytest
 
-from passrate_jax.train import NONDETERMINISTIC_METRICS
+from passrate_jax.run.train import NONDETERMINISTIC_METRICS
 from tests.test_presets_real import LEVEL_ONE
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -7,14 +7,14 @@ import os
 import numpy as np
 import pytest
 
-from passrate_jax.config import load_config
+from passrate_jax.run.config import load_config
 from passrate_jax.configlib import ConfigError
-from passrate_jax.metrics import read_jsonl
-from passrate_jax.study import make_plan, run_study
-from passrate_jax.study_analysis import analyse
-from passrate_jax.study_methods import CLAIMS, DEFAULT_METHODS, METHODS, NEUTRAL, PS_INVESTIGATION
-from passrate_jax.study_report import DISCUSSION_MARKER, fmt_interval, write_report
-from passrate_jax.study_stats import (factor_interval, first_reach, km_median, log_factor_bounds, mean_over,
+from passrate_jax.run.metrics import read_jsonl
+from passrate_jax.study.runner import make_plan, run_study
+from passrate_jax.study.analysis import analyse
+from passrate_jax.study.methods import CLAIMS, DEFAULT_METHODS, METHODS, NEUTRAL, PS_INVESTIGATION
+from passrate_jax.study.report import DISCUSSION_MARKER, fmt_interval, write_report
+from passrate_jax.study.stats import (factor_interval, first_reach, km_median, log_factor_bounds, mean_over,
                                       paired_bootstrap, verdict)
 from tests.test_train_e2e import TINY, _comparable, fake_verifier  # noqa: F401 - fixture
 
@@ -50,8 +50,8 @@ def test_bad_study_requests_fail_before_compute(tmp_path):
 
 
 def test_study_command_defaults_and_errors(tmp_path, capsys):
-    from passrate_jax.cli import build_parser, main
-    from passrate_jax.study import DEFAULT_SEEDS, QUICK_SEEDS
+    from passrate_jax.cli.main import build_parser, main
+    from passrate_jax.study.runner import DEFAULT_SEEDS, QUICK_SEEDS
     assert len(DEFAULT_SEEDS) >= 5 and len(QUICK_SEEDS) >= 2  # paired intervals need seeds
     args = build_parser().parse_args(["study", "--quick"])
     assert args.methods == list(DEFAULT_METHODS) and args.seeds is None
@@ -208,7 +208,7 @@ def test_small_study_end_to_end(tmp_path, fake_verifier, monkeypatch):  # noqa: 
     tiny = [t for t in TINY if not t.startswith("eval_every")] + ["allocation.num_prompts=4", "steps=4",
                                                                   "eval_every=2", "data.eval_size=4"]
     plan = make_plan(None, ["grpo", "ds", "ps_sara_dps"], [0, 1], tiny, str(tmp_path / "study"), quick=True)
-    import passrate_jax.train as train_module
+    import passrate_jax.run.train as train_module
     start_evaluations = []
     evaluate = train_module.eval_metrics
     monkeypatch.setattr(train_module, "eval_metrics", lambda session, params, cfg, step: (
@@ -263,7 +263,7 @@ def test_parallel_study_trains_what_one_process_trains(tmp_path):
     with pytest.raises(ConfigError, match="--jobs 0"):
         run_study(plan, progress=False, jobs=0)
     run_study(plan, progress=False, jobs=2)  # the two seeds at once, each in its own process
-    import passrate_jax.train as train_module
+    import passrate_jax.run.train as train_module
     train_module.train(load_config(None, plan.config_overrides("grpo", 1)), str(tmp_path / "alone"), progress=False,
                        log=lambda *a: None)
     parallel, alone = (_comparable(read_jsonl(os.path.join(d, "metrics.jsonl")))

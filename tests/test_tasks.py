@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from passrate_jax.data.tasks import (
     TASKS, ArithmeticLevel, CountdownLevel, Problem, arithmetic_task, countdown_task, reference_solution, verify,
 )
-from passrate_jax.tokenizer import CharTokenizer
+from passrate_jax.text.tokenizer import CharTokenizer
 
 ARITH, COUNT, WORKED = TASKS["arithmetic"], TASKS["countdown"], TASKS["worked"]
 ALPHABET = set("\n" + "".join(chr(c) for c in range(32, 127)))

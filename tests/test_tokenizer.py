@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from passrate_jax.tokenizer import CharTokenizer, HFTokenizer, load_tokenizer
+from passrate_jax.text.tokenizer import CharTokenizer, HFTokenizer, load_tokenizer
 
 # ---------------------------------------------------------------------------------------------------------
 # CharTokenizer

@@ -8,11 +8,11 @@ import sys
 
 import pytest
 
-from passrate_jax.config import load_config
+from passrate_jax.run.config import load_config
 from passrate_jax.configlib import ConfigError
-from passrate_jax.metrics import read_jsonl
-from passrate_jax.trackers import scalars
-from passrate_jax.train import train
+from passrate_jax.run.metrics import read_jsonl
+from passrate_jax.run.trackers import scalars
+from passrate_jax.run.train import train
 from tests.test_train_e2e import TINY as E2E_TINY
 
 # The end-to-end tests' tiny run, smaller still: fewer prompts and tokens, an evaluation every step.

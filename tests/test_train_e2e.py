@@ -17,10 +17,10 @@ import time
 import numpy as np
 import pytest
 
-from passrate_jax.config import load_config
-from passrate_jax.metrics import read_jsonl
-from passrate_jax.session import Session
-from passrate_jax.train import NONDETERMINISTIC_METRICS, train
+from passrate_jax.run.config import load_config
+from passrate_jax.run.metrics import read_jsonl
+from passrate_jax.run.session import Session
+from passrate_jax.run.train import NONDETERMINISTIC_METRICS, train
 
 TINY = ["model.hidden_size=32", "model.intermediate_size=64", "model.num_layers=1", "model.num_heads=2",
         "model.num_kv_heads=1", "model.max_position_embeddings=128", "warm_start.enabled=false",
@@ -84,14 +84,14 @@ def test_prefix_sampling_replays_with_masked_prefix(tmp_path, fake_verifier):
 def _train_cmd(run_dir, steps):
     overrides = TINY + [f"steps={steps}", "allocation.method=sara", "prefix_sampling.enabled=true",
                         "checkpoint.every_steps=1"]
-    code = ("import sys, tests.test_train_e2e as t; from passrate_jax.session import Session;"
+    code = ("import sys, tests.test_train_e2e as t; from passrate_jax.run.session import Session;"
             "Session.score = lambda self, r, x: t.hash_reward(r, x);"
-            "from passrate_jax.cli import main; sys.exit(main(sys.argv[1:]))")
+            "from passrate_jax.cli.main import main; sys.exit(main(sys.argv[1:]))")
     return [sys.executable, "-c", code, "train", "--run-dir", str(run_dir), "--no-progress", *overrides]
 
 
 def _final_params(run_dir):
-    from passrate_jax.checkpoint import RunCheckpointer
+    from passrate_jax.run.checkpoint import RunCheckpointer
     ckpt = RunCheckpointer(run_dir)
     step = ckpt.latest_step()
     path = os.path.join(ckpt.path, str(step), "state")
@@ -117,14 +117,14 @@ def test_sigint_saves_and_exits_cleanly(tmp_path):
     assert proc.returncode == 0, out
     assert "interrupted: checkpoint of step" in out
     last = read_jsonl(metrics)[-1]["step"]
-    from passrate_jax.checkpoint import RunCheckpointer
+    from passrate_jax.run.checkpoint import RunCheckpointer
     ckpt = RunCheckpointer(tmp_path)
     assert ckpt.latest_step() == last
     ckpt.close()
 
 
 def test_bad_config_fails_before_compute(tmp_path, capsys):
-    from passrate_jax.cli import main
+    from passrate_jax.cli.main import main
     assert main(["train", "--run-dir", str(tmp_path), "allocation.method=sarah"]) == 2
     assert "did you mean 'sara'" in capsys.readouterr().err
     assert not os.path.exists(tmp_path / "metrics.jsonl")
@@ -134,7 +134,7 @@ def test_eval_cli_reproduces_final_eval(tmp_path, fake_verifier, capsys):
     """``passrate-jax eval`` on a finished run restores its last parameters: greedy held-out accuracy
     and the mean accuracy of sampled answers (here under the fake verifier) equal the run's own final
     evaluation."""
-    from passrate_jax.cli import main
+    from passrate_jax.cli.main import main
     cfg = load_config(None, TINY + ["steps=2", "allocation.method=uniform", "data.eval_size=8", "eval_samples=2"])
     train(cfg, str(tmp_path), progress=False, log=lambda *a: None)
     final = read_jsonl(tmp_path / "metrics.jsonl")[-1]
@@ -174,7 +174,7 @@ def test_eval_greedy_ends_skips_greedy_between_the_ends_and_changes_nothing_else
 def test_eval_vs_warm_start_pairs_the_starting_point_with_the_checkpoint(tmp_path, fake_verifier, capsys):
     """``eval --vs-warm-start`` re-evaluates the run's cached warm start: its greedy accuracy is the run's
     own step-0 evaluation, and the paired difference adds up."""
-    from passrate_jax.cli import main
+    from passrate_jax.cli.main import main
     cfg = load_config(None, TINY + ["steps=2", "allocation.method=uniform", "data.eval_size=16",
                                     "warm_start.enabled=true", "warm_start.steps=3", "warm_start.batch_size=4",
                                     "warm_start.max_len=96", f"warm_start.cache_dir={tmp_path / 'cache'}"])
@@ -198,7 +198,7 @@ def test_non_finite_update_is_skipped_and_reported(tmp_path, fake_verifier, monk
     """A batch whose loss is NaN leaves the parameters unchanged and is counted in the metrics."""
     import jax.numpy as jnp
 
-    import passrate_jax.train as train_mod
+    import passrate_jax.run.train as train_mod
     real = train_mod.make_train_batch
 
     def poisoned(*args, **kwargs):
@@ -234,7 +234,7 @@ def test_kl_to_the_starting_policy(tmp_path, fake_verifier):
     assert len(records) >= 2
     assert records[0]["update/kl"] == 0.0
     assert records[-1]["update/kl"] > 0.0
-    from passrate_jax.checkpoint import RunCheckpointer
+    from passrate_jax.run.checkpoint import RunCheckpointer
     ckpt = RunCheckpointer(tmp_path)
     state, _ = ckpt.restore_saved()
     ckpt.close()
@@ -260,8 +260,8 @@ def test_resume_refuses_a_different_config_but_extends_steps(tmp_path, fake_veri
 def test_resume_accepts_keys_added_since_the_run_was_saved(tmp_path):
     import yaml
 
-    from passrate_jax.config import dump_config
-    from passrate_jax.train import resume_conflicts
+    from passrate_jax.run.config import dump_config
+    from passrate_jax.run.train import resume_conflicts
     cfg = load_config(None, TINY)
     saved = yaml.safe_load(dump_config(cfg))
     del saved["data"]["verify_workers"]  # as if the option did not exist when the run was saved

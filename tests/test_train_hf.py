@@ -6,9 +6,9 @@ import json
 
 import numpy as np
 
-from passrate_jax.config import load_config
-from passrate_jax.metrics import read_jsonl
-from passrate_jax.train import train
+from passrate_jax.run.config import load_config
+from passrate_jax.run.metrics import read_jsonl
+from passrate_jax.run.train import train
 
 CHATML = ("{% for m in messages %}<|im_start|> {{ m.role }} {{ m.content }} <|im_end|> {% endfor %}"
           "{% if add_generation_prompt %}<|im_start|> assistant {% endif %}")

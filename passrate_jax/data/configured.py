@@ -12,7 +12,7 @@ from passrate_jax.data.sources import Fields, PromptSource, builtin_source, file
 
 
 def make_source(cfg) -> PromptSource:
-    """The prompt source a :class:`passrate_jax.config.DataConfig` describes."""
+    """The prompt source a :class:`passrate_jax.run.config.DataConfig` describes."""
     fields = Fields(cfg.prompt_field, cfg.answer_field, cfg.id_field, cfg.reference_extract)
     common = dict(seed=cfg.seed, shuffle=cfg.shuffle, default_heldout=cfg.eval_size)
     match cfg.source:
@@ -24,7 +24,7 @@ def make_source(cfg) -> PromptSource:
             return file_source(cfg.path, cfg.eval_path, file_format=cfg.source, fields=fields,
                                skip_bad_rows=cfg.skip_bad_rows, **common)
         case "env":
-            from passrate_jax.envs.data import env_source
+            from passrate_jax.rollout.env_data import env_source
 
             return env_source(cfg.env, level=cfg.level or None, train_size=cfg.train_size, max_level=cfg.max_level,
                               **common)

@@ -46,7 +46,7 @@ class PromptFormat:
 
     @classmethod
     def from_config(cls, cfg) -> PromptFormat:
-        """From a :class:`passrate_jax.config.DataConfig` (``template``, ``chat_template``, ``system_prompt``)."""
+        """From a :class:`passrate_jax.run.config.DataConfig` (``template``, ``chat_template``, ``system_prompt``)."""
         return cls(cfg.template, cfg.chat_template, cfg.system_prompt)
 
     def messages(self, prompt: str) -> list[dict[str, str]]:
@@ -55,7 +55,7 @@ class PromptFormat:
         return turns + [{"role": "user", "content": self.template.replace(PROMPT_PLACEHOLDER, prompt)}]
 
     def render(self, prompt: str, tokenizer=None) -> str:
-        """The model input text for ``prompt``; ``tokenizer`` (a :class:`passrate_jax.tokenizer.Tokenizer`)
+        """The model input text for ``prompt``; ``tokenizer`` (a :class:`passrate_jax.text.tokenizer.Tokenizer`)
         is needed only when ``chat`` is set. Encode the result with ``add_bos=False``: a chat template
         writes its own BOS."""
         if not self.chat:

@@ -181,7 +181,7 @@ class Rewarder:
 
     @classmethod
     def from_config(cls, cfg) -> Rewarder:
-        """From a :class:`passrate_jax.config.DataConfig`, with ``verifier: auto`` resolved."""
+        """From a :class:`passrate_jax.run.config.DataConfig`, with ``verifier: auto`` resolved."""
         return cls(cfg.resolved_verifier, cfg.answer_extract, timeout_s=cfg.verify_timeout_s,
                    workers=cfg.verify_workers, reward_fn=cfg.reward_fn)
 

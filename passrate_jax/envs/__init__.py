@@ -4,9 +4,9 @@
 - ``calculator.py``, ``files.py``: the built-in environments (offline, deterministic, exact rewards).
 - ``replay.py``: turn records, the assistant-turn cut, and rebuilding a prefix's state by re-execution.
 - ``episodes.py``: the sampler turn loop (one sampler call per assistant turn of every live rollout).
-- ``rollouts.py`` / ``loop.py``: the trajectory store, update batch and host step loop for env runs.
+- ``passrate_jax/rollout/env.py``, ``env_data.py``: the trajectory store, update batch, prompt source, expert warm
+  start and held-out evaluation of env runs (in the rollout layer, above these environments).
 - ``resolve_env``: ``data.env`` to an environment, built-in or the user's class (``passrate_jax/plugins.py``).
-- ``data.py``: the prompt source, the expert warm start and held-out evaluation of env runs.
 """
 
 from passrate_jax.envs.base import Environment, EnvTask, Episode, StepOutcome, Transition

@@ -10,7 +10,7 @@ import importlib
 
 from passrate_jax.sampling.config import SamplingConfig
 
-# passrate_jax.config imports sampling.config while the sampler imports passrate_jax.config (via
+# passrate_jax.run.config imports sampling.config while the sampler imports passrate_jax.run.config (via
 # sharding): the heavy names load on first use so that importing the config tree stays acyclic.
 _LAZY = {"Sampler": "sampler", "Context": "rows", "SampleResult": "rows", "training_rows": "rows", "bucket": "rows",
          "PrefixStore": "prefix_store", "LiveRows": "prefix_store", "filter_logits": "distributions",

@@ -1,4 +1,4 @@
-"""Chat template rendering for :class:`passrate_jax.tokenizer.HFTokenizer`, mirroring
+"""Chat template rendering for :class:`passrate_jax.text.tokenizer.HFTokenizer`, mirroring
 ``transformers.utils.chat_template_utils``: the same sandboxed jinja2 environment, options, globals
 and filters, so rendered prompts equal ``AutoTokenizer.apply_chat_template(..., tokenize=False)``."""
 

@@ -4,7 +4,7 @@ of rollout.
 One step is rounds of (allocator requests -> backend: contexts, generate, score, record -> allocator
 observe), Prefix Sampling re-rollout rounds included, then the allocator's ``finish`` names the groups
 to train on. No algorithm lives here: the allocator decides; a :class:`RolloutBackend` (text answers:
-``passrate_jax.rollouts.TextRollouts``; environment episodes: ``passrate_jax.envs.rollouts.EnvRollouts``)
+``passrate_jax.rollout.text.TextRollouts``; environment episodes: ``passrate_jax.rollout.env.EnvRollouts``)
 generates, scores and keeps the trajectories; this module wires them and keeps the step's one table of
 rollouts, from which the allocator's results and the step's metrics are read.
 """

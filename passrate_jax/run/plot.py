@@ -11,7 +11,7 @@ import os
 
 import numpy as np
 
-from passrate_jax.runfiles import read_jsonl
+from passrate_jax.run.runfiles import read_jsonl
 
 
 def _series(records, key):

@@ -22,9 +22,9 @@ import os
 
 import numpy as np
 
-from passrate_jax.metrics import read_jsonl
-from passrate_jax.study_methods import BASELINES, CLAIMS
-from passrate_jax.study_stats import (factor_interval, first_reach, km_median, log_factor_bounds, mean_over,
+from passrate_jax.run.metrics import read_jsonl
+from passrate_jax.study.methods import BASELINES, CLAIMS
+from passrate_jax.study.stats import (factor_interval, first_reach, km_median, log_factor_bounds, mean_over,
                                       paired_bootstrap, verdict)
 
 PLATEAU_EVALS = 3

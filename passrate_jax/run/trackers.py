@@ -59,7 +59,7 @@ class WandbTracker:
 
         from etils import epath
 
-        from passrate_jax.runfiles import is_remote
+        from passrate_jax.run.runfiles import is_remote
 
         self.run_dir = os.fspath(run_dir)
         id_file = epath.Path(self.run_dir) / "wandb_id"
@@ -76,7 +76,7 @@ class WandbTracker:
     def close(self) -> None:
         import wandb
 
-        from passrate_jax.plot import plot_run
+        from passrate_jax.run.plot import plot_run
         try:
             self._run.log({f"plots/{os.path.splitext(os.path.basename(p))[0]}": wandb.Image(p)
                            for p in plot_run(self.run_dir)})
@@ -86,7 +86,7 @@ class WandbTracker:
 
 
 def make_trackers(logging_cfg, run_dir: str, config: dict[str, Any] | None = None) -> list:
-    """The trackers ``logging_cfg`` (a :class:`passrate_jax.config.LoggingConfig`) turns on, for ``run_dir``."""
+    """The trackers ``logging_cfg`` (a :class:`passrate_jax.run.config.LoggingConfig`) turns on, for ``run_dir``."""
     if not logging_cfg.wandb:
         return []
     return [WandbTracker(run_dir, project=logging_cfg.wandb_project, name=logging_cfg.wandb_name,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from passrate_jax.config import dump_config, load_config
+from passrate_jax.run.config import dump_config, load_config
 
 
 def parameter_count(model_cfg) -> int:

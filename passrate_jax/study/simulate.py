@@ -1,7 +1,7 @@
 """Allocation simulator: every method side by side on a synthetic prompt population, as one pure function.
 
     passrate-jax simulate [--config FILE] [key=value ...] [--json] [--plot FILE.png]
-    python -m passrate_jax.allocation.simulate [same arguments]
+    python -m passrate_jax.study.simulate [same arguments]
 
 Each prompt i has a success rate p_i drawn from a Beta mixture (``sim.mixture_*``); the rate drifts
 upward by ``sim.drift`` in logit units per step to mimic learning. Rollouts are Bernoulli. A
@@ -359,7 +359,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     report = simulate(sim, cfg.allocation, cfg.prefix_sampling, progress=not args.no_progress)
     if args.plot:
-        from passrate_jax.allocation.sim_plot import plot_report
+        from passrate_jax.study.sim_plot import plot_report
         plot_report(report, args.plot)
     if args.json:
         print(json.dumps(report))
@@ -369,8 +369,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv=None) -> int:
-    """Entry point of ``python -m passrate_jax.allocation.simulate``."""
-    parser = argparse.ArgumentParser(prog="python -m passrate_jax.allocation.simulate", description=__doc__,
+    """Entry point of ``python -m passrate_jax.study.simulate``."""
+    parser = argparse.ArgumentParser(prog="python -m passrate_jax.study.simulate", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser)
     return run(parser.parse_args(argv))

@@ -24,18 +24,18 @@ from etils import epath
 
 from passrate_jax import distributed
 from passrate_jax.allocation import Allocator, AllocatorState, state_from_dict, state_to_dict
-from passrate_jax.checkpoint import RunCheckpointer, check_run_dir
-from passrate_jax.config import Config, dump_config
+from passrate_jax.run.checkpoint import RunCheckpointer, check_run_dir
+from passrate_jax.run.config import Config, dump_config
 from passrate_jax.configlib import ConfigError, add_config_arguments, to_dict
-from passrate_jax.loop import collect_rollouts, rollout_metrics
-from passrate_jax.metrics import MetricsWriter, flatten, write_text_atomic
+from passrate_jax.rollout.loop import collect_rollouts, rollout_metrics
+from passrate_jax.run.metrics import MetricsWriter, flatten, write_text_atomic
 from passrate_jax.model.lora import has_adapters, reference_params
 from passrate_jax.rl.batch import make_train_batch
 from passrate_jax.rl.optimizer import make_optimizer
 from passrate_jax.rl.train_step import make_train_step, policy_logprobs
-from passrate_jax.rollouts import WIDTH_BUCKETS  # noqa: F401 - re-exported (launch/memory_probe.py)
+from passrate_jax.rollout.text import WIDTH_BUCKETS  # noqa: F401 - re-exported (launch/memory_probe.py)
 from passrate_jax.sampling.sampler import bucket
-from passrate_jax.session import Session
+from passrate_jax.run.session import Session
 
 # Wall-clock and compile counters differ between a resumed and an uninterrupted run by nature.
 NONDETERMINISTIC_METRICS = ("time/step_s", "time/rollout_s", "time/update_s", "time/eval_s", "time/total_s",
@@ -358,7 +358,7 @@ def add_subparser(subparsers) -> None:
 
 
 def run(args) -> int:
-    from passrate_jax.config import load_config
+    from passrate_jax.run.config import load_config
     cfg = load_config(args.config, args.overrides)
     name = os.path.splitext(os.path.basename(args.config))[0] if args.config else "default"
     run_dir = args.run_dir or os.path.join("runs", name)

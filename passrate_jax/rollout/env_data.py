@@ -67,7 +67,7 @@ def expert_batch(env: Environment, cfg, step: int, tokenizer) -> tuple[np.ndarra
     """Warm-start batch ``step``: expert trajectories of train tasks, a pure function of (data seed, step);
     loss mask 1 on the expert's actions only, as in RL."""
     from passrate_jax.data.formatting import PromptFormat
-    from passrate_jax.sft import pack_example
+    from passrate_jax.run.sft import pack_example
 
     ws, data, codec, fmt = cfg.warm_start, cfg.data, TurnCodec(tokenizer), PromptFormat.from_config(cfg.data)
     rows = []
@@ -82,7 +82,7 @@ def expert_batch(env: Environment, cfg, step: int, tokenizer) -> tuple[np.ndarra
 
 def warm_start(session, progress: bool = True) -> dict:
     """The session's supervised warm start on its environment's expert trajectories (cached)."""
-    from passrate_jax.sft import run_warm_start
+    from passrate_jax.run.sft import run_warm_start
 
     env = resolve_env(session.cfg.data.env)
     return run_warm_start(session.cfg, session.model, session.tokenizer, progress=progress, log=session.log,
@@ -92,7 +92,7 @@ def warm_start(session, progress: bool = True) -> dict:
 
 def warm_start_key(cfg) -> dict:
     """What besides the model and warm-start settings determines an environment's expert batches: the
-    cache key's ``extra`` (``passrate_jax.sft.cache_key``). A plugin environment enters by its file
+    cache key's ``extra`` (``passrate_jax.run.sft.cache_key``). A plugin environment enters by its file
     content, so editing its code re-runs the warm start; a built-in one by its name."""
     from passrate_jax.plugins import fingerprint
 
@@ -112,8 +112,8 @@ def evaluate(session, params, *, seed: int = 0, num_samples: int = 0, ks=(1,), b
              greedy: bool = True) -> dict:
     """Held-out success of ``params``: greedy episodes (overall and per level), plus pass@k from
     ``num_samples`` sampled episodes per task at the configured temperature. Same keys as
-    ``passrate_jax.evaluate.evaluate``."""
-    from passrate_jax.evaluate import summarise
+    ``passrate_jax.run.evaluate.evaluate``."""
+    from passrate_jax.run.evaluate import summarise
 
     env, codec = resolve_env(session.cfg.data.env), TurnCodec(session.tokenizer)
     threshold = session.cfg.data.reward_threshold

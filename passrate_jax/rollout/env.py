@@ -1,4 +1,4 @@
-"""Rollouts of multi-turn episodes: the :class:`passrate_jax.loop.RolloutBackend` of environment runs.
+"""Rollouts of multi-turn episodes: the :class:`passrate_jax.rollout.loop.RolloutBackend` of environment runs.
 
 Same allocator protocol as text tasks; only the meaning of a request's ``Prefix`` differs: the first
 ``floor(cut_ratio * T)`` assistant turns of the source trajectory, replayed through the environment
@@ -19,11 +19,11 @@ import numpy as np
 
 from passrate_jax.allocation import Request, TrainGroup
 from passrate_jax.envs import resolve_env
-from passrate_jax.envs import data as env_data
+from passrate_jax.rollout import env_data
 from passrate_jax.envs.base import Environment, EnvTask
 from passrate_jax.envs.episodes import Rollout, Start, run_episodes
 from passrate_jax.envs.replay import Turn, TurnCodec, cut_turns, replay, trajectory_tokens, turn_ids
-from passrate_jax.rollouts import WIDTH_BUCKETS, StepKV, pack_rows
+from passrate_jax.rollout.text import WIDTH_BUCKETS, StepKV, pack_rows
 from passrate_jax.sampling.sampler import Sampler
 
 
@@ -120,7 +120,7 @@ class EnvRollouts(StepKV):
 
     # ------------------------------------------------------------------ after the rounds
     def batch(self, groups: Sequence[TrainGroup], rows: int) -> dict[str, np.ndarray]:
-        """The update batch of the trained groups (the arrays of ``passrate_jax.rollouts.pack_rows``),
+        """The update batch of the trained groups (the arrays of ``passrate_jax.rollout.text.pack_rows``),
         with loss masks from :func:`trajectory_tokens`. Rejected groups must not be among ``groups``."""
         seqs, masks, rewards, gids = [], [], [], []
         for gi, tg in enumerate(groups):
@@ -171,5 +171,5 @@ class EnvRollouts(StepKV):
         return env_data.warm_start(session, progress)
 
     def evaluate(self, session, params, *, seed: int, num_samples: int, ks, greedy: bool = True) -> dict:
-        """Success of whole held-out episodes (``passrate_jax.envs.data.evaluate``)."""
+        """Success of whole held-out episodes (``passrate_jax.rollout.env_data.evaluate``)."""
         return env_data.evaluate(session, params, seed=seed, num_samples=num_samples, ks=ks, greedy=greedy)

@@ -19,7 +19,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from passrate_jax.config import Config, WarmStartConfig
+from passrate_jax.run.config import Config, WarmStartConfig
 from passrate_jax.configlib import to_dict
 from passrate_jax.distributed import is_primary, to_host
 from passrate_jax.data.demonstrations import NO_MISREADS, Misreads, demonstration
@@ -120,7 +120,7 @@ def run_warm_start(cfg: Config, model: nnx.Module, tokenizer, *, progress: bool 
                    log=print, batches=None, key: dict | None = None) -> dict:
     """Train ``model`` in place on the task's reference solutions, or load the cached result.
     ``batches(step) -> (tokens, mask)`` replaces the built-in tasks' batches (:func:`sft_batch`), e.g.
-    with expert trajectories of an environment (``passrate_jax.envs.data``); ``key``: the settings
+    with expert trajectories of an environment (``passrate_jax.rollout.env_data``); ``key``: the settings
     those batches depend on, hashed into the cache key.
 
     Returns a summary dict: ``cached`` (bool), ``steps``, ``final_loss`` (None when cached), ``path``.

@@ -1,7 +1,7 @@
 """What ``passrate-jax study`` compares: the methods (each a set of config overrides with a preset of the
 same composition in configs/) and the source papers' claims it checks (docs/design.md section 2.6).
 
-A data module on its own, so that the study driver (``study.py``) and its report (``study_report.py``)
+A data module on its own, so that the study driver (``runner.py``) and its report (``report.py``)
 both read it without importing each other.
 """
 

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 import jinja2
 import tokenizers
 
-from passrate_jax.chat_template import Message, compile_chat_template, plain, prepare_messages
+from passrate_jax.text.chat_template import Message, compile_chat_template, plain, prepare_messages
 
 # The seven named special tokens transformers exposes as template variables, in its order.
 _NAMED_SPECIAL = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")

@@ -30,8 +30,8 @@ def restore_model(run_dir: str, step: int | None = None):
     of checkpoint ``step`` (default: the latest)."""
     from flax import nnx
 
-    from passrate_jax.checkpoint import load_params
-    from passrate_jax.config import load_config
+    from passrate_jax.run.checkpoint import load_params
+    from passrate_jax.run.config import load_config
     from passrate_jax.configlib import ConfigError
     from passrate_jax.model import create_model
 
@@ -48,10 +48,10 @@ def restore_model(run_dir: str, step: int | None = None):
 
 def write_char_tokenizer(directory: str) -> None:
     """``tokenizer.json`` + ``tokenizer_config.json`` + ``generation_config.json`` for the built-in
-    :class:`passrate_jax.tokenizer.CharTokenizer`: the same ids for every character and special token."""
+    :class:`passrate_jax.text.tokenizer.CharTokenizer`: the same ids for every character and special token."""
     import tokenizers
 
-    from passrate_jax.tokenizer import CharTokenizer
+    from passrate_jax.text.tokenizer import CharTokenizer
 
     char = CharTokenizer()
     vocab = {name: i for i, name in enumerate(char._SPECIAL_NAMES)}

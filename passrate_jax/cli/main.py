@@ -19,7 +19,7 @@ def _info_subparser(subparsers) -> None:
 
 
 def _run_info(args) -> int:
-    from passrate_jax import info
+    from passrate_jax.cli import info
     return info.run(args)
 
 
@@ -27,15 +27,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="passrate-jax", description=__doc__.splitlines()[0])
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _info_subparser(subparsers)
-    from passrate_jax import commands, export, generate_cli, plot, study, train
-    from passrate_jax.allocation import simulate
+    from passrate_jax.cli import commands, export, generate
+    from passrate_jax.run import plot, train
+    from passrate_jax.study import runner, simulate
     train.add_subparser(subparsers)
     commands.add_subparsers(subparsers)
-    generate_cli.add_subparser(subparsers)
+    generate.add_subparser(subparsers)
     export.add_subparser(subparsers)
     simulate.add_subparser(subparsers)
     plot.add_subparser(subparsers)
-    study.add_subparser(subparsers)
+    runner.add_subparser(subparsers)
     return parser
 
 

@@ -15,9 +15,9 @@ import os
 
 import numpy as np
 
-from passrate_jax.study_analysis import PLATEAU_EVALS
-from passrate_jax.study_methods import BASELINES, DEFAULT_METHODS, METHODS
-from passrate_jax.study_stats import LEVEL
+from passrate_jax.study.analysis import PLATEAU_EVALS
+from passrate_jax.study.methods import BASELINES, DEFAULT_METHODS, METHODS
+from passrate_jax.study.stats import LEVEL
 
 DISCUSSION_MARKER = "<!-- discussion: text below this line is kept when the study rewrites this file -->"
 LABELS = {m: label for m, (label, _) in METHODS.items()}
@@ -114,7 +114,7 @@ def _setup(plan, analysis, command) -> list[str]:
         f"retrained). Base preset `{plan.base_config or 'built-in defaults'}`, seeds {', '.join(map(str, seeds))}, "
         f"{'--quick settings' if plan.quick else 'full settings'}. Paired design: every method of a seed starts "
         "from that seed's cached warm start, with the same seed for every random stream (prompt draws, sampling, "
-        "update), and differs only in its allocation overrides (`passrate_jax/study_methods.py`).", "",
+        "update), and differs only in its allocation overrides (`passrate_jax/study/methods.py`).", "",
         f"**Accuracy**: held-out `{analysis['metric']}`. **Target** per seed: the warm start's accuracy plus "
         f"{analysis['target_fraction']:.0%} of that seed's GRPO gain to its plateau (mean of its last "
         f"{PLATEAU_EVALS} evaluations after step 0): {targets}. A run reaches the target at its first "

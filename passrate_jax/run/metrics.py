@@ -1,5 +1,5 @@
 """Metrics sinks: one JSON object per step in ``metrics.jsonl``, TensorBoard event files, and trackers
-such as Weights & Biases (``passrate_jax/trackers.py``), which receive the same records.
+such as Weights & Biases (``passrate_jax/run/trackers.py``), which receive the same records.
 
 Values are converted to plain Python numbers on the host; non-finite floats are written as JSON
 ``null`` (JSON has no NaN) and skipped in TensorBoard.
@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 from etils import epath
 
-from passrate_jax.runfiles import is_remote, read_jsonl  # noqa: F401 - read_jsonl is public here too
+from passrate_jax.run.runfiles import is_remote, read_jsonl  # noqa: F401 - read_jsonl is public here too
 
 
 def to_python(value: Any) -> Any:
@@ -109,7 +109,7 @@ class MetricsWriter:
                 enabled: bool = True) -> MetricsWriter:
         """The writer a run's config asks for (``cfg.logging``: TensorBoard, W&B with the config attached)."""
         from passrate_jax.configlib import to_dict
-        from passrate_jax.trackers import make_trackers
+        from passrate_jax.run.trackers import make_trackers
 
         return cls(run_dir, tensorboard=cfg.logging.tensorboard, truncate_after=truncate_after, enabled=enabled,
                    trackers=lambda d: make_trackers(cfg.logging, os.fspath(d), to_dict(cfg)))

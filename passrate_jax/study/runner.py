@@ -1,6 +1,6 @@
 """``passrate-jax study``: every allocation method side by side on the built-in task, paired seeds, the
-same rollout accounting, one command. The methods are in ``study_methods.py``, the statistics in
-``study_stats.py`` and ``study_analysis.py``, the report in ``study_report.py``.
+same rollout accounting, one command. The methods are in ``methods.py``, the statistics in
+``stats.py`` and ``analysis.py``, the report in ``report.py``.
 
     passrate-jax study --quick                      # 2 seeds, short runs
     passrate-jax study                              # the full study: 5 seeds (see docs/results.md)
@@ -21,7 +21,7 @@ import platform
 import time
 
 from passrate_jax.configlib import ConfigError
-from passrate_jax.study_methods import DEFAULT_METHODS, METHODS, NEUTRAL, PS_INVESTIGATION
+from passrate_jax.study.methods import DEFAULT_METHODS, METHODS, NEUTRAL, PS_INVESTIGATION
 
 DEFAULT_SEEDS = (0, 1, 2, 3, 4)
 QUICK_SEEDS = (0, 1)  # two seeds: the fewest a paired interval over seeds needs
@@ -55,7 +55,7 @@ class StudyPlan:
 
 def make_plan(base_config: str, methods, seeds, overrides, out_dir: str, quick: bool) -> StudyPlan:
     """Validate the request (every config is built here, before any compute)."""
-    from passrate_jax.config import load_config
+    from passrate_jax.run.config import load_config
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
         raise ConfigError(f"--methods {' '.join(unknown)}: unknown; known: {' '.join(METHODS)}")
@@ -72,7 +72,7 @@ def make_plan(base_config: str, methods, seeds, overrides, out_dir: str, quick: 
 
 def _records(run_dir: str) -> list[dict]:
     """A run's metrics records (none before it starts)."""
-    from passrate_jax.metrics import read_jsonl
+    from passrate_jax.run.metrics import read_jsonl
     path = os.path.join(run_dir, "metrics.jsonl")
     return read_jsonl(path) if os.path.exists(path) else []
 
@@ -101,8 +101,8 @@ def _train_run(base_config, overrides: list[str], run_dir: str, start_metrics: d
     """Train one study run (in this process, or in a worker process of a parallel study)."""
     import jax
 
-    from passrate_jax.config import load_config
-    from passrate_jax.train import train
+    from passrate_jax.run.config import load_config
+    from passrate_jax.run.train import train
 
     jax.config.update("jax_compilation_cache_dir", xla_cache)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
@@ -124,7 +124,7 @@ def _next_job(pending: list, keys: dict, starts: dict, running: set):
 def run_study(plan: StudyPlan, *, progress: bool = True, target_fraction: float = 0.8,
               metric: str | None = None, jobs: int = 1) -> dict:
     """Train every (method, seed) not yet finished (a run stopped midway resumes from its checkpoint),
-    then return the analysis of all of them (:func:`passrate_jax.study_analysis.analyse`).
+    then return the analysis of all of them (:func:`passrate_jax.study.analysis.analyse`).
 
     ``jobs`` > 1 trains that many runs at once, each in its own process, for CPU machines with cores to
     spare (one run keeps a 2-core CPU busy much of the time: --jobs 2 there gains little). Every run is
@@ -132,8 +132,8 @@ def run_study(plan: StudyPlan, *, progress: bool = True, target_fraction: float 
     it); on one accelerator keep 1."""
     import jax
 
-    from passrate_jax.config import load_config
-    from passrate_jax.study_analysis import analyse, load_runs
+    from passrate_jax.run.config import load_config
+    from passrate_jax.study.analysis import analyse, load_runs
 
     if jobs < 1:
         raise ConfigError(f"--jobs {jobs}: must be >= 1")
@@ -244,7 +244,7 @@ def run(args) -> int:
     if not 0 < args.target_fraction <= 1:
         raise ConfigError(f"--target-fraction {args.target_fraction}: must be in (0, 1]")
     plan = make_plan(args.config, args.methods, seeds, args.overrides, out, args.quick)
-    from passrate_jax.study_report import write_report
+    from passrate_jax.study.report import write_report
     analysis = run_study(plan, progress=not args.no_progress, target_fraction=args.target_fraction,
                          metric=args.metric, jobs=args.jobs)
     report = args.report or os.path.join(out, "results.md")

@@ -1,4 +1,4 @@
-"""Rollouts of text answers: the :class:`passrate_jax.loop.RolloutBackend` of prompt-and-verifier tasks.
+"""Rollouts of text answers: the :class:`passrate_jax.rollout.loop.RolloutBackend` of prompt-and-verifier tasks.
 
 A request becomes one sampler context (the prompt, plus the replayed prefix of a Prefix Sampling
 re-rollout group); each answer is decoded and scored by the run's verifier; the trajectories (the
@@ -258,12 +258,12 @@ class TextRollouts(StepKV):
         if session.cfg.data.source != "builtin":
             session.log("warm start: skipped (only the built-in tasks have reference solutions)")
             return None
-        from passrate_jax.sft import run_warm_start
+        from passrate_jax.run.sft import run_warm_start
         return run_warm_start(session.cfg, session.model, session.tokenizer, progress=progress, log=session.log)
 
     def evaluate(self, session, params, *, seed: int, num_samples: int, ks, greedy: bool = True) -> dict:
         """Greedy held-out accuracy (overall and per level); pass@k with ``num_samples``."""
-        from passrate_jax.evaluate import EvalPrompt, evaluate
+        from passrate_jax.run.evaluate import EvalPrompt, evaluate
 
         def verifier(record):
             return lambda text: float(session.score([record], [text])[0] >= self.success_threshold)

@@ -54,8 +54,8 @@ def run(args) -> int:
     from passrate_jax.model import load_pretrained
     from passrate_jax.sampling import Context, Sampler, SamplingConfig
     from passrate_jax.sharding import make_mesh
-    from passrate_jax.config import MeshConfig
-    from passrate_jax.tokenizer import load_tokenizer
+    from passrate_jax.run.config import MeshConfig
+    from passrate_jax.text.tokenizer import load_tokenizer
 
     tok = load_tokenizer(args.model)
     if args.chat:
@@ -87,7 +87,7 @@ def run(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run ``generate`` standalone (``python -m passrate_jax.generate_cli ...``)."""
+    """Run ``generate`` standalone (``python -m passrate_jax.cli.generate ...``)."""
     parser = argparse.ArgumentParser(prog="passrate-jax")
     add_subparser(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)

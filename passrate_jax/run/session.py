@@ -11,19 +11,19 @@ import os
 import numpy as np
 from flax import nnx
 
-from passrate_jax.config import Config
+from passrate_jax.run.config import Config
 from passrate_jax.configlib import ConfigError
 from passrate_jax.data.formatting import PromptFormat
 from passrate_jax.data.rewards import Rewarder
 from passrate_jax.data.configured import make_source
 from passrate_jax.data.sources import PromptRecord
-from passrate_jax.envs.rollouts import EnvRollouts
-from passrate_jax.loop import RolloutBackend
+from passrate_jax.rollout.env import EnvRollouts
+from passrate_jax.rollout.loop import RolloutBackend
 from passrate_jax.model import create_model
-from passrate_jax.rollouts import TextRollouts
+from passrate_jax.rollout.text import TextRollouts
 from passrate_jax.sampling.sampler import Sampler
 from passrate_jax.sharding import make_mesh
-from passrate_jax.tokenizer import load_tokenizer
+from passrate_jax.text.tokenizer import load_tokenizer
 
 
 def max_positions(cfg: Config) -> int:

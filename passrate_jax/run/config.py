@@ -193,7 +193,7 @@ class LoggingConfig:
 
     def validate(self) -> None:
         if self.wandb:
-            from passrate_jax.trackers import check_wandb_installed
+            from passrate_jax.run.trackers import check_wandb_installed
             check_wandb_installed()
 
 

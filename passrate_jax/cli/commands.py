@@ -15,7 +15,7 @@ def load_run_params(run_dir: str, session, step: int | None = None):
     model structure and shardings."""
     import jax
 
-    from passrate_jax.checkpoint import load_params
+    from passrate_jax.run.checkpoint import load_params
     params = session.params
     step = load_params(run_dir, params, step)
     return step, jax.device_put(params, session.sampler.param_shardings)
@@ -50,8 +50,8 @@ def add_subparsers(subparsers) -> None:
 
 
 def run_eval(args) -> int:
-    from passrate_jax.config import load_config
-    from passrate_jax.metrics import is_remote
+    from passrate_jax.run.config import load_config
+    from passrate_jax.run.metrics import is_remote
     if is_remote(args.run_dir):
         raise ConfigError(f"--run-dir {args.run_dir!r}: eval reads a local run directory; copy it first "
                           "(gcloud storage cp -r URL runs/)")
@@ -59,13 +59,13 @@ def run_eval(args) -> int:
     if not os.path.exists(path):
         raise ConfigError(f"{path} does not exist: is {args.run_dir!r} a run directory?")
     cfg = load_config(path, data_overrides(args.data, args.split, args.limit) + list(args.overrides))
-    from passrate_jax.session import Session
+    from passrate_jax.run.session import Session
     session = Session.create(cfg, log=lambda *a: None)
     step, params = load_run_params(args.run_dir, session, args.step)
     result = session.evaluate(params, seed=cfg.seed, num_samples=args.num_samples, ks=args.k)
     start = None
     if args.vs_warm_start:
-        from passrate_jax.evaluate import paired_difference
+        from passrate_jax.run.evaluate import paired_difference
         if session.warm_start(progress=False) is None:
             raise ConfigError(f"--vs-warm-start: {path} trains without a warm start (warm_start.enabled / steps / "
                               "data.source)")
@@ -132,9 +132,9 @@ def _print_eval(result: dict, args, cfg) -> None:
 
 
 def run_sft(args) -> int:
-    from passrate_jax.config import load_config
+    from passrate_jax.run.config import load_config
     cfg = load_config(args.config, args.overrides)
-    from passrate_jax.session import Session
+    from passrate_jax.run.session import Session
     session = Session.create(cfg)
     summary = session.warm_start(progress=not args.no_progress)
     if summary is None:

@@ -1,0 +1,1 @@
+"""The ``passrate-jax`` command line: the entry point and one module per subcommand."""

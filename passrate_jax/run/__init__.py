@@ -1,0 +1,1 @@
+"""A run: the config tree, the session, training, the warm start, evaluation, checkpoints, metrics, trackers."""

@@ -1,0 +1,1 @@
+"""Text: the character tokenizer, the Hugging Face tokenizer wrapper and chat templates."""
