@@ -72,11 +72,17 @@ def timed(fn, repeats: int) -> float:
     return best
 
 
+def bench_config(prompts: int, samples: int, prompt_len: int, new_tokens: int, **options) -> SamplingConfig:
+    """Temperature 1 and one padding bucket per dimension sized to the workload (prefill buckets for
+    shared and per-row prompts), so a sampler compiles one prefill and one decode program for it.
+    ``options``: further SamplingConfig fields (benchmarks/device.py passes ``engine``)."""
+    return SamplingConfig(temperature=1.0, max_new_tokens=new_tokens, row_buckets=(prompts * samples,),
+                          context_buckets=(prompt_len,), prefill_row_buckets=(prompts, prompts * samples),
+                          generation_buckets=(new_tokens,), **options)
+
+
 def bench_ours(model, prompts, args, share: bool) -> tuple[float, Sampler]:
-    n_prompts = len(prompts)
-    cfg = SamplingConfig(temperature=1.0, max_new_tokens=args.new_tokens, row_buckets=(n_prompts * args.samples,),
-                         context_buckets=(args.prompt_len,), prefill_row_buckets=(n_prompts, n_prompts * args.samples),
-                         generation_buckets=(args.new_tokens,))
+    cfg = bench_config(len(prompts), args.samples, args.prompt_len, args.new_tokens)
     sampler = Sampler(model, cfg, eos_id=None)
     if share:
         contexts = [Context(p, num_samples=args.samples, context_id=i) for i, p in enumerate(prompts)]

@@ -95,6 +95,42 @@ def make_batch(cfg: ModelConfig, batch: int, seq_len: int, group: int, prompt_le
     return make_train_batch(tokens, attention, loss_mask, rewards, np.arange(batch) // group)
 
 
+def measure_train_step(model_cfg: ModelConfig, rl: RLConfig, *, batch: int, seq_len: int, group_size: int,
+                       prompt_len: int, iters: int) -> dict:
+    """Compile the training step for ``batch`` random rollouts of ``seq_len`` tokens on every device
+    (data axis), run one warm-up step, and time ``iters`` steps (median). Returns the shapes, the
+    compile and step seconds, the step's model FLOPs (:func:`step_flops`) and its rates."""
+    mesh = make_mesh(MeshConfig(data=-1))
+    graphdef, params = nnx.split(nnx.jit(lambda: Transformer(model_cfg, rngs=nnx.Rngs(0)))())
+    n_params = sum(x.size for x in jax.tree.leaves(params))
+    fns = make_train_step(graphdef, params, rl, make_optimizer(OptimizerConfig(learning_rate=1e-5)), mesh)
+    params = jax.device_put(params, fns.param_shardings)
+    opt_state = fns.init(params)
+    rollouts = jax.device_put(make_batch(model_cfg, batch, seq_len, group_size, prompt_len), fns.batch_sharding)
+
+    t = time.perf_counter()
+    step = fns.compiled.lower(params, opt_state, rollouts, jax.random.key(0)).compile()
+    compile_s = time.perf_counter() - t
+    params, opt_state, metrics = step(params, opt_state, rollouts, jax.random.key(0))  # warm-up
+    jax.block_until_ready(metrics)
+    times = []
+    for i in range(iters):
+        t = time.perf_counter()
+        params, opt_state, metrics = step(params, opt_state, rollouts, jax.random.key(i + 1))
+        jax.block_until_ready((params, metrics))
+        times.append(time.perf_counter() - t)
+    step_s = float(np.median(times))
+    flops = step_flops(model_cfg, rl, batch, seq_len)
+    return {
+        "params": int(n_params), "matmul_params": matmul_params(model_cfg), "batch": batch, "seq_len": seq_len,
+        "grad_accum": rl.grad_accum, "ppo_epochs": rl.ppo_epochs, "minibatches": rl.minibatches,
+        "remat": model_cfg.remat, "devices": jax.device_count(), "platform": jax.devices()[0].platform,
+        "cpu_count": os.cpu_count(), "compile_s": round(compile_s, 2), "step_s": step_s, "step_flops": flops,
+        "step_tokens_per_s": batch * seq_len / step_s, "step_flops_per_s": flops / step_s,
+        "loss": float(metrics["loss"]), "skipped_steps": float(metrics["skipped_steps"]),
+    }
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model-size", choices=sorted(MODELS), default="small")
@@ -115,55 +151,26 @@ def main(argv=None) -> dict:
 
     model_cfg = dataclasses.replace(MODELS[args.model_size], dtype=args.dtype)
     rl = RLConfig(grad_accum=args.grad_accum, ppo_epochs=args.ppo_epochs, minibatches=args.minibatches)
-    mesh = make_mesh(MeshConfig(data=-1))
-    graphdef, params = nnx.split(nnx.jit(lambda: Transformer(model_cfg, rngs=nnx.Rngs(0)))())
-    n_params = sum(x.size for x in jax.tree.leaves(params))
-    fns = make_train_step(graphdef, params, rl, make_optimizer(OptimizerConfig(learning_rate=1e-5)), mesh)
-    params = jax.device_put(params, fns.param_shardings)
-    opt_state = fns.init(params)
-    batch = jax.device_put(make_batch(model_cfg, args.batch, args.seq_len, args.group_size, args.prompt_len),
-                           fns.batch_sharding)
-
     dtype = jnp.dtype(args.dtype)
     lm_head_shape = (args.batch * args.seq_len // (rl.minibatches * rl.grad_accum), model_cfg.hidden_size,
                      model_cfg.vocab_size)
     lm_head_before = matmul_flops_per_s(*lm_head_shape, dtype, iters=5)
     square_before = matmul_flops_per_s(2048, 2048, 2048, dtype, iters=9)
-
-    t = time.perf_counter()
-    step = fns.compiled.lower(params, opt_state, batch, jax.random.key(0)).compile()
-    compile_s = time.perf_counter() - t
-    params, opt_state, metrics = step(params, opt_state, batch, jax.random.key(0))  # warm-up
-    jax.block_until_ready(metrics)
-    times = []
-    for i in range(args.iters):
-        t = time.perf_counter()
-        params, opt_state, metrics = step(params, opt_state, batch, jax.random.key(i + 1))
-        jax.block_until_ready((params, metrics))
-        times.append(time.perf_counter() - t)
-    step_s = float(np.median(times))
-
-    tokens = args.batch * args.seq_len
-    flops = step_flops(model_cfg, rl, args.batch, args.seq_len)
+    step = measure_train_step(model_cfg, rl, batch=args.batch, seq_len=args.seq_len, group_size=args.group_size,
+                              prompt_len=args.prompt_len, iters=args.iters)
     # The reference matmuls run before and after the timed steps and the best is kept, so a burst of
     # load from other processes during one of the windows cannot flatter the ratio.
     lm_head = max(lm_head_before, matmul_flops_per_s(*lm_head_shape, dtype, iters=5))
     square = max(square_before, matmul_flops_per_s(2048, 2048, 2048, dtype, iters=9))
     result = {
-        "model_size": args.model_size, "dtype": args.dtype, "params": int(n_params),
-        "matmul_params": matmul_params(model_cfg), "batch": args.batch, "seq_len": args.seq_len,
-        "grad_accum": rl.grad_accum, "ppo_epochs": rl.ppo_epochs, "minibatches": rl.minibatches,
-        "devices": jax.device_count(), "platform": jax.devices()[0].platform,
-        "cpu_count": os.cpu_count(), "compile_s": round(compile_s, 2), "step_s": step_s,
-        "step_flops": flops, "step_tokens_per_s": tokens / step_s, "step_flops_per_s": flops / step_s,
+        "model_size": args.model_size, "dtype": args.dtype, **step,
         "matmul_lm_head_flops_per_s": lm_head, "matmul_square_flops_per_s": square,
-        "matmul_flops_per_s": max(lm_head, square), "ratio": flops / step_s / max(lm_head, square),
-        "loss": float(metrics["loss"]), "skipped_steps": float(metrics["skipped_steps"]),
+        "matmul_flops_per_s": max(lm_head, square), "ratio": step["step_flops_per_s"] / max(lm_head, square),
         "load_avg_1m": os.getloadavg()[0],
     }
     if args.peak_flops:
         result["peak_flops"] = args.peak_flops
-        result["mfu"] = flops / step_s / args.peak_flops
+        result["mfu"] = step["step_flops_per_s"] / args.peak_flops
     if args.json:
         print(json.dumps(result))
     else:

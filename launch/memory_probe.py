@@ -57,23 +57,31 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
 
+    summary = probe(cfg, args.prompt_tokens, args.layers)
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        depths = summary["measured_layers"]
+        if len(depths) > 1:
+            print(f"# measured at {depths[0]} and {depths[1]} layers, extrapolated to {cfg.model.num_layers}")
+        report(summary)
+    return 0
+
+
+def probe(cfg, prompt_tokens: int, layers: int = 0, platform: str = "cpu") -> dict:
+    """:func:`summarize` of the programs compiled (never run) for jax's current backend, ``platform``: at
+    the full depth, or at 1 and ``layers`` layers extrapolated linearly to it (``layers`` > 0)."""
     depth = cfg.model.num_layers
-    depths = [depth] if not args.layers or args.layers >= depth else [1, args.layers]
-    results = [measure(cfg, layers, args.prompt_tokens) for layers in depths]
+    depths = [depth] if not layers or layers >= depth else [1, layers]
+    results = [measure(cfg, n, prompt_tokens) for n in depths]
     if len(results) == 1:
         at_depth = results[0]
     else:
         (l1, r1), (l2, r2) = zip(depths, results)
         at_depth = {k: r1[k] + (r2[k] - r1[k]) * (depth - l1) / (l2 - l1) for k in r1}
-    summary = summarize(cfg, args.prompt_tokens, at_depth)
+    summary = summarize(cfg, prompt_tokens, at_depth, platform)
     summary["measured_layers"] = depths
-    if args.json:
-        print(json.dumps(summary))
-    else:
-        if len(depths) > 1:
-            print(f"# measured at {depths[0]} and {depths[1]} layers, extrapolated to {depth}")
-        report(summary)
-    return 0
+    return summary
 
 
 def shapes(cfg, prompt_tokens: int) -> dict:
@@ -165,9 +173,10 @@ def measure(cfg, layers: int, prompt_tokens: int) -> dict:
     return out
 
 
-def summarize(cfg, prompt_tokens: int, measured: dict) -> dict:
+def summarize(cfg, prompt_tokens: int, measured: dict, platform: str = "cpu") -> dict:
     """Per-device bytes: XLA's buffer assignment of each compiled program, the analytic sizes next to it,
-    and the peak over the step's programs."""
+    and the peak over the step's programs. ``platform``: the backend ``measured`` was compiled for; only
+    XLA CPU's float32 copy of bfloat16 weights is taken out (benchmarks/device.py compiles for the GPU)."""
     from passrate_jax.cli.info import parameter_count
     mc = cfg.model
     n_params = parameter_count(mc)
@@ -188,11 +197,11 @@ def summarize(cfg, prompt_tokens: int, measured: dict) -> dict:
     # XLA CPU has no bfloat16 dot: it converts bfloat16 weights to float32 and hoists that convert out of
     # the layer scan, i.e. a float32 copy of every weight (measured: an 8-layer bf16 model's prefill
     # temporaries were 2.3x its weights, a float32 one's 0.14x). TPU and GPU multiply bfloat16 natively.
-    upcast = 4 * n_params / shards if mc.param_dtype == "bfloat16" else 0.0
+    upcast = 4 * n_params / shards if mc.param_dtype == "bfloat16" and platform == "cpu" else 0.0
     prefill = max(measured["round0_prefill"], measured["later_prefill"]) + opt_bytes - upcast
     programs = {"update": measured["update"] - upcast, "prefill": prefill, "decode": decode}
     return {
-        "config": cfg.model.pretrained or "", "devices": cfg.mesh.devices or 1,
+        "config": cfg.model.pretrained or "", "devices": cfg.mesh.devices or 1, "platform": platform,
         "mesh": {"data": data, "fsdp": fsdp, "tensor": tensor}, "parameters": n_params,
         "param_dtype": mc.param_dtype, "dtype": mc.dtype, "remat": mc.remat, "lora_rank": mc.lora.rank,
         "trainable_parameters": n_train,
