@@ -172,46 +172,46 @@ def varied_budgets(rows: int, new_tokens: int, seed: int = 0) -> list[int]:
     return [int(x) for x in np.clip(np.round(draws), 4, new_tokens)]
 
 
-def measure_sampler(model_cfg, job: tuple[int, int, int, int], engine: str | None, peak: float | None) -> dict:
-    prompts_n, samples, prompt_len, new_tokens = job
-    rows = prompts_n * samples
-    model = sampler_bench.random_model(model_cfg)
-    prompts = np.random.default_rng(1).integers(3, model_cfg.vocab_size, (prompts_n, prompt_len)).tolist()
-    options = {} if engine is None else {"engine": engine}
-    sampler = Sampler(model, sampler_bench.bench_config(prompts_n, samples, prompt_len, new_tokens, **options),
-                      eos_id=None)
-    fixed = [Context(p, num_samples=samples, context_id=i) for i, p in enumerate(prompts)]
-    sampler.generate(fixed, seed=0)  # compiles
-    fixed_s = sampler_bench.timed(lambda i: sampler.generate(fixed, seed=i + 1), 2)
-    # One context per row (its own budget), from a shared store so each prompt is still prefilled once.
-    budgets = varied_budgets(rows, new_tokens)
+def time_varied_job(sampler, prompts: list, samples: int, budgets: list[int]) -> tuple[float, np.ndarray]:
+    """Best seconds of 2 calls (after a compiling one) whose rows have their own token budgets, and the
+    lengths made. One context per row, from a shared store, so each prompt is still prefilled once."""
     varied = [Context(prompts[r // samples], num_samples=1, context_id=r // samples, first_sample_index=r % samples,
                       max_new_tokens=b) for r, b in enumerate(budgets)]
     results = []
-    run_varied = lambda i: results.append(sampler.generate(varied, seed=i, store=sampler.kv_store()))  # noqa: E731
-    run_varied(0)  # compiles what the shared store needs
-    varied_s = sampler_bench.timed(lambda i: run_varied(i + 1), 2)
-    lengths = results[-1].lengths
-    flops = (sampler_bench.count_flops(model_cfg, prompts_n * prompt_len, (prompt_len + 1) / 2)
-             + sampler_bench.count_flops(model_cfg, rows * new_tokens, prompt_len + new_tokens / 2))
+    run = lambda i: results.append(sampler.generate(varied, seed=i, store=sampler.kv_store()))  # noqa: E731
+    run(0)
+    seconds = sampler_bench.timed(lambda i: run(i + 1), 2)
+    return seconds, results[-1]
+
+
+def measure_sampler(model_cfg, job: tuple[int, int, int, int], engine: str | None, peak: float | None) -> dict:
+    prompts_n, samples, prompt_len, new_tokens = job
+    rows = prompts_n * samples
+    prompts = np.random.default_rng(1).integers(3, model_cfg.vocab_size, (prompts_n, prompt_len)).tolist()
+    options = {} if engine is None else {"engine": engine}
+    sampler = Sampler(sampler_bench.random_model(model_cfg),
+                      sampler_bench.bench_config(prompts_n, samples, prompt_len, new_tokens, **options), eos_id=None)
+    fixed = [Context(p, num_samples=samples, context_id=i) for i, p in enumerate(prompts)]
+    sampler.generate(fixed, seed=0)  # compiles
+    fixed_s = sampler_bench.timed(lambda i: sampler.generate(fixed, seed=i + 1), 2)
+    budgets = varied_budgets(rows, new_tokens)
+    varied_s, varied = time_varied_job(sampler, prompts, samples, budgets)
+    flops = sampler_bench.job_flops(model_cfg, prompts_n, rows, prompt_len, new_tokens)
     metrics = {"fixed_new_tokens_per_s": rows * new_tokens / fixed_s, "fixed_flops_per_s": flops / fixed_s,
-               "varied_new_tokens_per_s": float(np.sum(lengths)) / varied_s, "fixed_seconds": fixed_s,
-               "varied_seconds": varied_s}
-    if peak:
-        metrics["fixed_mfu"] = flops / fixed_s / peak
-    utilization = reported_utilization(sampler, results[-1])
-    source = "reported by the sampler"
+               "varied_new_tokens_per_s": float(np.sum(varied.lengths)) / varied_s, "fixed_seconds": fixed_s,
+               "varied_seconds": varied_s, **({"fixed_mfu": flops / fixed_s / peak} if peak else {})}
+    utilization, source = reported_utilization(sampler, varied), "reported by the sampler"
     if utilization is None and engine in (None, "rounds"):
-        utilization, source = round_utilization(lengths, rows), "computed from the lengths (round mode)"
+        utilization, source = round_utilization(varied.lengths, rows), "computed from the lengths (round mode)"
     if utilization is not None:
         metrics["varied_slot_utilization"] = utilization
     settings = {"engine": engine or "rounds", "dtype": model_cfg.dtype, "param_dtype": model_cfg.param_dtype,
                 "scan_layers": model_cfg.scan_layers, "rows": rows, "prompts": prompts_n, "prompt_len": prompt_len,
                 "new_tokens": new_tokens, "varied_mean_budget": float(np.mean(budgets)),
-                "varied_max_length": int(np.max(lengths)), "utilization_source": source if utilization else
-                "not reported by this engine", "compilations": sampler.compilations}
+                "varied_max_length": int(np.max(varied.lengths)), "compilations": sampler.compilations,
+                "utilization_source": source if utilization is not None else "not reported by this engine"}
     headline = (f"{metrics['fixed_new_tokens_per_s']:,.0f} tok/s fixed, {metrics['varied_new_tokens_per_s']:,.0f} "
-                f"varied" + (f", utilization {utilization:.2f}" if utilization else ""))
+                f"varied" + (f", utilization {utilization:.2f}" if utilization is not None else ""))
     return {"metrics": metrics, "settings": settings, "headline": headline}
 
 
@@ -242,7 +242,8 @@ def measure_memory(overrides: tuple[str, ...], prompt_tokens: int) -> dict:
         metrics["device_bytes_limit"] = float(limit)
     settings = {k: summary[k] for k in ("parameters", "peak_program", "update_rows", "update_width", "grad_accum",
                                         "remat", "platform")}
-    settings["method"] = "launch/memory_probe.py: XLA's buffer assignment of the compiled update and prefill; decode analytic"
+    settings["method"] = ("launch/memory_probe.py: XLA's buffer assignment of the compiled update and prefill; "
+                          "decode analytic")
     gb = summary["peak_bytes_per_device"] / 1e9
     headline = f"peak {gb:.1f} GB ({summary['peak_program']})" + (f" of {limit / 1e9:.0f} GB" if limit else "")
     return {"metrics": metrics, "settings": settings, "headline": headline}

@@ -48,7 +48,8 @@ def test_cpu_run_measures_everything_with_positive_finite_numbers(cpu_run):
     proc, out = cpu_run
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads((out / "device.json").read_text())
-    assert {"command", "profile", "budget_s", "elapsed_s", "environment", "sampler_engines", "measurements"} <= set(report)
+    keys = {"command", "profile", "budget_s", "elapsed_s", "environment", "sampler_engines", "measurements"}
+    assert keys <= set(report)
     assert report["profile"] == "cpu" and report["environment"]["platform"] == "cpu"
     has_engine = "engine" in {f.name for f in dataclasses.fields(device.SamplingConfig)}
     engines = ["rounds", "slots"] if has_engine else ["rounds"]
