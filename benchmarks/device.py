@@ -301,10 +301,11 @@ def finish(report: dict, out: str) -> int:
     return 1 if any(r["status"] == "failed" for r in report["measurements"].values()) else 0
 
 
-def start_watchdog(seconds: float, report: dict, save: Callable[[dict], None], out: str) -> threading.Timer:
+def start_watchdog(seconds: float, report: dict, save: Callable[[dict], None], out: str,
+                   end: Callable[[int], None] = os._exit) -> threading.Timer:
     """A measurement can overrun its estimate (a compile, a hang): ``seconds`` after the start, mark the one
-    still running as failed, write the files and end the process, before the device tool's own limit
-    kills it with no table."""
+    still running as failed, write the files and ``end`` the process (at once, whatever the main thread
+    is doing), before the device tool's own limit kills it with no table."""
     def overrun():
         records = dict(report["measurements"])
         for name, record in records.items():
@@ -312,7 +313,7 @@ def start_watchdog(seconds: float, report: dict, save: Callable[[dict], None], o
                 records[name] = {"status": "failed", "error": f"still running {seconds:.0f} s after the start "
                                  "(budget + grace): the process was ended"}
         save(records)
-        os._exit(finish(report, out) or 3)
+        end(finish(report, out))
 
     timer = threading.Timer(seconds, overrun)
     timer.daemon = True

@@ -104,6 +104,25 @@ def test_a_kind_that_took_longer_than_its_estimate_is_skipped_on_the_budget():
     assert records["one"]["status"] == "ok" and records["two"]["status"] == "skipped"
 
 
+def test_the_watchdog_marks_the_running_measurement_failed_and_ends_with_the_files_written(tmp_path):
+    report = {"profile": "gpu", "environment": {"device_kind": "NVIDIA H200"}, "elapsed_s": 0.0, "budget_s": 1.0,
+              "sampler_engines_note": "", "measurements": {"matmul": {"status": "ok", "seconds": 1.0, "headline": "x"},
+                                                          "update_remat_none": {"status": "running"}}}
+    saved, codes = [], []
+
+    def save(records):
+        report["measurements"] = records
+        saved.append(records)
+
+    timer = device.start_watchdog(0.05, report, save, str(tmp_path), end=codes.append)
+    timer.join(5)
+    assert codes == [1]  # a failed measurement: exit status 1
+    record = saved[-1]["update_remat_none"]
+    assert record["status"] == "failed" and "still running" in record["error"]
+    assert saved[-1]["matmul"]["status"] == "ok"
+    assert "update_remat_none    failed" in (tmp_path / "device.txt").read_text()
+
+
 def test_peak_table_matches_variants_before_their_family():
     assert device.peak_bf16_flops("NVIDIA H200") == 989e12
     assert device.peak_bf16_flops("NVIDIA H100 PCIe") == 756e12
