@@ -1,7 +1,7 @@
 """Every accelerator measurement the project needs, in one run that fits a short device lease (issue 37).
 
     python3 benchmarks/device.py --out "$OUT"             # one GPU (or TPU): about 6 minutes, budget 420 s
-    python3 benchmarks/device.py --cpu --out /tmp/device  # the same measurements on small shapes, ~1 minute
+    python3 benchmarks/device.py --cpu --out /tmp/device  # the same on small shapes: 1-2 minutes on 2 cores
 
 Measurements, each in its own try block (a failure is recorded and the rest still run), in this order:
 
@@ -16,7 +16,8 @@ Measurements, each in its own try block (a failure is recorded and the rest stil
 * ``memory_1p7b``: the 1.7B preset's peak bytes per device, launch/memory_probe.py's method (programs
   compiled, never run) on this backend: its own buffer assignment rather than XLA CPU's.
 
-A global time budget skips a measurement whose estimate would overrun it (recorded as skipped). Results go
+A global time budget skips a measurement whose estimate would overrun it (recorded as skipped), and a
+watchdog ends the run if one is still going 45 s past the budget (recorded as failed). Results go
 to ``OUT/device.json`` (rewritten after every measurement, so a killed run keeps what finished) and a
 short table to ``OUT/device.txt`` and stdout. docs/performance_device.md says how to read them.
 """
@@ -73,7 +74,7 @@ def peak_bf16_flops(device_kind: str) -> float | None:
 
 @dataclasses.dataclass(frozen=True)
 class Profile:
-    """Shapes of one run: ``gpu`` (the presets' own) or ``cpu`` (small, about a minute on 2 cores)."""
+    """Shapes of one run: ``gpu`` (the presets' own) or ``cpu`` (small: a minute or two on 2 cores)."""
     name: str
     budget_s: float
     matmul_size: int
@@ -82,15 +83,20 @@ class Profile:
     update_job: tuple[int, int, int, int]  # rows, tokens per row (prompt 1/3), micro-batches, timed steps
     memory_overrides: tuple[str, ...]  # applied to configs/qwen3_1p7b_gpu.yaml
     memory_prompt_tokens: int
-    estimates_s: dict  # measurement name prefix -> seconds it is expected to take (compiles included)
+    estimates_s: dict  # Entry.kind -> seconds one measurement of it is expected to take (compiles included)
 
 
-GPU = Profile("gpu", 420.0, 8192, (), (32, 8, 256, 512), (32, 768, 8, 3), (), 256,
-              {"matmul": 15, "sampler": 90, "update": 75, "memory": 60})
+# The presets' shapes: qwen3_gsm8k.yaml's 32 prompts x 8 rollouts, prompts < 256 tokens, 512 new tokens; the
+# update's micro-batch of 4 rows x 768 tokens (rl.grad_accum 64 of 256 rows). Estimates: guesses until a run.
+GPU = Profile("gpu", budget_s=420.0, matmul_size=8192, model_overrides=(), sampler_job=(32, 8, 256, 512),
+              update_job=(32, 768, 8, 3), memory_overrides=(), memory_prompt_tokens=256,
+              estimates_s={"matmul": 15, "sampler": 90, "update": 75, "memory": 60})
 SMALL_MODEL = ("model.vocab_size=512", "model.hidden_size=64", "model.intermediate_size=128", "model.num_layers=2",
                "model.num_heads=4", "model.num_kv_heads=2", "model.head_dim=16")
-CPU = Profile("cpu", 600.0, 256, SMALL_MODEL, (4, 4, 32, 32), (8, 48, 2, 2), SMALL_MODEL, 32,
-              {"matmul": 2, "sampler": 15, "update": 15, "memory": 15})
+# The budget is far above the minute or two this takes, so a loaded machine does not skip what the test checks.
+CPU = Profile("cpu", budget_s=600.0, matmul_size=256, model_overrides=SMALL_MODEL, sampler_job=(4, 4, 32, 32),
+              update_job=(8, 48, 2, 2), memory_overrides=SMALL_MODEL, memory_prompt_tokens=32,
+              estimates_s={"matmul": 2, "sampler": 15, "update": 15, "memory": 15})
 
 
 # ---------------------------------------------------------------------------------------------- the runner
@@ -277,7 +283,7 @@ def environment(peak: float | None, peak_flag: float | None) -> dict:
 
 
 def table(report: dict) -> str:
-    lines = [f"# benchmarks/device.py --profile {report['profile']}: {report['environment']['device_kind']}, "
+    lines = [f"# benchmarks/device.py, {report['profile']} profile: {report['environment']['device_kind']}, "
              f"{report['elapsed_s']:.0f} s of a {report['budget_s']:.0f} s budget; {report['sampler_engines_note']}",
              f"{'measurement':<20} {'status':<8} {'seconds':>8}  result"]
     for name, r in report["measurements"].items():
@@ -323,7 +329,7 @@ def start_watchdog(seconds: float, report: dict, save: Callable[[dict], None], o
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--cpu", action="store_true", help="small shapes on the CPU backend (about a minute)")
+    p.add_argument("--cpu", action="store_true", help="small shapes on the CPU backend (a minute or two)")
     p.add_argument("--out", default=os.environ.get("OUT") or "device_out", help="folder for device.json, device.txt")
     p.add_argument("--budget", type=float, default=None, help="seconds for the whole run (default: 420 GPU, 600 CPU); "
                    "a measurement still running 45 s past it ends the process")
