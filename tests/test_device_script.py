@@ -9,6 +9,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import typing
 
 import numpy as np
 import pytest
@@ -121,6 +122,21 @@ def test_the_watchdog_marks_the_running_measurement_failed_and_ends_with_the_fil
     assert record["status"] == "failed" and "still running" in record["error"]
     assert saved[-1]["matmul"]["status"] == "ok"
     assert "update_remat_none    failed" in (tmp_path / "device.txt").read_text()
+
+
+@dataclasses.dataclass(frozen=True)
+class _ConfigWithEngine:
+    temperature: float = 1.0
+    engine: typing.Literal["rounds", "slots"] = "slots"
+
+
+def test_an_engine_option_gets_one_sampler_measurement_per_value(monkeypatch):
+    monkeypatch.setattr(device, "SamplingConfig", _ConfigWithEngine)
+    engines, note = device.sampler_engines()
+    assert engines == ["rounds", "slots"] and "each measured" in note
+    names = [e.name for e in device.entries(device.CPU, None, engines)]
+    assert names == ["matmul", "sampler_rounds", "sampler_slots", "update_remat_none", "update_remat_full",
+                     "memory_1p7b"]
 
 
 def test_peak_table_matches_variants_before_their_family():
