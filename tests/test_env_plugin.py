@@ -76,7 +76,7 @@ def test_a_class_missing_the_protocol_is_refused_before_compute(tmp_path):
 
 
 def test_editing_a_plugin_environment_invalidates_its_cached_warm_start(tmp_path):
-    from passrate_jax.rollout.env_data import warm_start_key
+    from passrate_jax.run.warm_start import warm_start_key
     from passrate_jax.run.sft import cache_key
     path = tmp_path / "env.py"
     path.write_text(open(EXAMPLE.rpartition(":")[0]).read())

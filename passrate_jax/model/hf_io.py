@@ -23,6 +23,7 @@ from safetensors.numpy import save_file
 from passrate_jax.model.config import ModelConfig, RopeScaling
 from passrate_jax.model.lora import merged_model
 from passrate_jax.model.transformer import Transformer
+from passrate_jax.sharding import param_shardings
 
 # architecture -> model_type written back on save
 ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
@@ -209,7 +210,6 @@ def load_pretrained(directory: str | os.PathLike, dtype=None, mesh: jax.sharding
     variables = dict(nnx.to_flat_state(state))
     shardings = None
     if mesh is not None:
-        from passrate_jax.sharding import param_shardings  # sharding imports nothing from model
         shardings = dict(nnx.to_flat_state(param_shardings(state, mesh)))
 
     files = _tensor_files(directory)
