@@ -1,4 +1,4 @@
-"""Environment plugins (``data.env: "file.py:ClassName"``): the README's example environment trains with
+"""Environment plugins (``data.env: "file.py:ClassName"``): the example environment of docs/guide.md trains with
 Prefix Sampling replay through execution, its expert solves every task, and a class that misses the
 protocol is refused before compute."""
 
@@ -88,7 +88,7 @@ def test_editing_a_plugin_environment_invalidates_its_cached_warm_start(tmp_path
     assert fingerprint("calculator") == "calculator"  # built-in environments keep their cached warm starts
 
 
-# The README's environment with graded rewards: 1 for the number, 0.25 for any guess, 0.125 for none; and one
+# The guide's example environment with graded rewards: 1 for the number, 0.25 for any guess, 0.125 for none; and one
 # that is not deterministic (its answers carry a counter), and one whose reward raises.
 VARIANTS = """
 
