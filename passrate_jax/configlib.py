@@ -80,6 +80,11 @@ def _coerce(key: str, value: Any, tp) -> Any:
         if not isinstance(value, dict):
             raise ConfigError(f"{key} = {value!r}: expected a mapping of {tp.__name__} fields")
         return build(tp, value, prefix=key + ".")
+    return _coerce_scalar(key, value, tp)
+
+
+def _coerce_scalar(key: str, value: Any, tp) -> Any:
+    """:func:`_coerce` for the scalar annotations (bool, int, float, str, Any)."""
     if tp is bool:
         if not isinstance(value, bool):
             raise ConfigError(f"{key} = {value!r}: expected true or false")

@@ -1,5 +1,5 @@
 """Bad input fails early and clearly: before any model is built or step is run, naming the key or file
-and the numbers involved. (The README table "What happens on bad input" points at these tests.)"""
+and the numbers involved. (The table "What happens on bad input" of docs/guide.md points at these tests.)"""
 
 import errno
 import os

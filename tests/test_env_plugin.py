@@ -1,4 +1,4 @@
-"""Environment plugins (``data.env: "file.py:ClassName"``): the README's example environment trains with
+"""Environment plugins (``data.env: "file.py:ClassName"``): the example environment of docs/guide.md trains with
 Prefix Sampling replay through execution, its expert solves every task, and a class that misses the
 protocol is refused before compute."""
 
@@ -76,7 +76,7 @@ def test_a_class_missing_the_protocol_is_refused_before_compute(tmp_path):
 
 
 def test_editing_a_plugin_environment_invalidates_its_cached_warm_start(tmp_path):
-    from passrate_jax.rollout.env_data import warm_start_key
+    from passrate_jax.run.warm_start import warm_start_key
     from passrate_jax.run.sft import cache_key
     path = tmp_path / "env.py"
     path.write_text(open(EXAMPLE.rpartition(":")[0]).read())
@@ -88,7 +88,7 @@ def test_editing_a_plugin_environment_invalidates_its_cached_warm_start(tmp_path
     assert fingerprint("calculator") == "calculator"  # built-in environments keep their cached warm starts
 
 
-# The README's environment with graded rewards: 1 for the number, 0.25 for any guess, 0.125 for none; and one
+# The guide's example environment with graded rewards: 1 for the number, 0.25 for any guess, 0.125 for none; and one
 # that is not deterministic (its answers carry a counter), and one whose reward raises.
 VARIANTS = """
 

@@ -13,7 +13,7 @@ from passrate_jax.allocation import Prefix, Request, TrainGroup
 from passrate_jax.run.config import load_config
 from passrate_jax.configlib import ConfigError
 from passrate_jax.envs import ENVS, CalculatorEnv, Episode, EnvTask, Transition
-from passrate_jax.rollout.env_data import expert_trajectory
+from passrate_jax.envs.replay import expert_trajectory
 from passrate_jax.envs.episodes import Rollout
 from passrate_jax.envs.replay import Turn, TurnCodec, cut_turns, replay, trajectory_tokens, turn_ids
 from passrate_jax.rollout.env import EnvRollouts

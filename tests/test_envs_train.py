@@ -186,10 +186,10 @@ def test_nondeterministic_environment_is_rejected_during_training(tmp_path, monk
 
 
 @pytest.mark.slow
-# env_files is absent on purpose: its warm start does not reach competence (README), so RL has no signal.
+# env_files is absent on purpose: its warm start does not reach competence (docs/runs.md), so RL has no signal.
 @pytest.mark.parametrize("preset", ["env_calculator.yaml"])
 def test_documented_longer_run(tmp_path, preset):
-    """The README's command: warm start on expert trajectories (cached), then RL with PS on. Reports held-out
+    """The command of docs/guide.md: warm start on expert trajectories (cached), then RL with PS on. Reports held-out
     success before and after and each PS bucket's re-rollout pass rate (first and last five steps)."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     subprocess.run([sys.executable, "-m", "passrate_jax.cli.main", "train", "--config", f"configs/{preset}", "--run-dir",

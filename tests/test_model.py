@@ -11,7 +11,7 @@ from flax import nnx
 from conftest import forward, torch_logits
 from passrate_jax.model import (KVCache, ModelConfig, RopeScaling, Transformer, create_model, init_cache,
                                 load_pretrained, save_pretrained)
-from passrate_jax.model.transformer import rope_inv_freq
+from passrate_jax.model.rope import rope_inv_freq
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3"])

@@ -167,12 +167,12 @@ def test_readme_example_reward_scores_final_answers_and_format():
     assert reward("2+2=", "four", "4") == 0.0
 
 
-def test_readme_shows_the_example_plugins_as_they_are_tested():
-    """The README's "your own task" code blocks are the example files the tests run, verbatim."""
-    readme = open(os.path.join(EXAMPLES, "..", "README.md")).read()
+def test_guide_shows_the_example_plugins_as_they_are_tested():
+    """The guide's "your own task" code blocks are the example files the tests run, verbatim."""
+    guide = open(os.path.join(EXAMPLES, "..", "docs", "guide.md")).read()
     for name in ("reward_fn.py", "guess_env.py"):
         source = open(os.path.join(EXAMPLES, name)).read()
-        assert f"```python\n# examples/{name}\n{source}```" in readme, name
+        assert f"```python\n# examples/{name}\n{source}```" in guide, name
 
 
 def test_a_plugin_named_by_module_runs_in_the_pool(tmp_path, monkeypatch):

@@ -1,6 +1,6 @@
 """The prompt source a run's ``DataConfig`` describes, over every kind of source.
 
-Kept apart from ``sources.py`` because it reaches up to the sources built on it (TFDS, environments),
+Kept apart from ``sources.py`` because it depends on the sources built on it (TFDS, environments),
 which themselves import ``sources.py``: one place depends on all of them, and nothing depends back.
 """
 
@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 
+from passrate_jax.data.env_source import env_source
 from passrate_jax.data.sources import Fields, PromptSource, builtin_source, file_source
+from passrate_jax.data.tfds_builtin import BUILDER_NAME, tfds_source
 
 
 def make_source(cfg) -> PromptSource:
@@ -24,13 +26,9 @@ def make_source(cfg) -> PromptSource:
             return file_source(cfg.path, cfg.eval_path, file_format=cfg.source, fields=fields,
                                skip_bad_rows=cfg.skip_bad_rows, **common)
         case "env":
-            from passrate_jax.rollout.env_data import env_source
-
             return env_source(cfg.env, level=cfg.level or None, train_size=cfg.train_size, max_level=cfg.max_level,
                               **common)
         case "tfds":
-            from passrate_jax.data.tfds_builtin import BUILDER_NAME, tfds_source
-
             if not fields.id and cfg.tfds_name.split("/")[0] == BUILDER_NAME:
                 # The built-in build carries the tasks' own ids: keep them, so a prompt has the same id
                 # whether it is streamed or read from the prepared dataset.

@@ -26,7 +26,8 @@ from __future__ import annotations
 import dataclasses
 import random
 
-from passrate_jax.data.tasks import Problem, _hash_int, _problem, _arithmetic_steps, reference_solution
+from passrate_jax.data.problem import Problem, hash_int, make_problem
+from passrate_jax.data.tasks import _arithmetic_steps, reference_solution
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,7 +78,7 @@ def misread(problem: Problem, rng: random.Random) -> Problem:
     target = numbers[0] - numbers[1] if problem.op == "-" else sum(numbers)
     read = dataclasses.replace(problem, numbers=numbers, target=target)
     _, carries = _arithmetic_steps(read)
-    return _problem(problem.task, problem.op.join(map(str, numbers)) + "\n", answer=str(target),
+    return make_problem(problem.task, problem.op.join(map(str, numbers)) + "\n", answer=str(target),
                     level=problem.level, numbers=numbers, target=target, op=problem.op, carries=carries)
 
 
@@ -87,7 +88,7 @@ def demonstration(problem: Problem, spec: Misreads, seed: int, index: int) -> st
     else the reference solution. A pure function of its arguments."""
     if not spec.applies(problem):
         return reference_solution(problem)
-    rng = random.Random(_hash_int(f"misread|{seed}|{index}|{problem.prompt_id}"))
+    rng = random.Random(hash_int(f"misread|{seed}|{index}|{problem.prompt_id}"))
     if rng.random() >= spec.rate:
         return reference_solution(problem)
     return reference_solution(misread(problem, rng))

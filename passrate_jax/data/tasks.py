@@ -53,53 +53,16 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
 import random
 from collections.abc import Callable
 
+from passrate_jax.data.problem import ID_MASK, Problem, hash_int, make_problem
 from passrate_jax.data.verifiers import column_count, verify_arithmetic, verify_countdown, verify_worked
 
 SPLITS = ("train", "heldout")
-_ID_MASK = (1 << 63) - 1
 # Bounds the rejection loop of sample(): a level too narrow to hold a problem of the asked split
 # fails loudly instead of spinning forever.
 _MAX_DRAWS = 20_000
-
-
-def _hash_int(text: str) -> int:
-    """A stable 63-bit hash (unlike hash(), the same in every process and Python version)."""
-    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big") & _ID_MASK
-
-
-@dataclasses.dataclass(frozen=True)
-class Problem:
-    """One prompt of a built-in task.
-
-    ``numbers`` are the operands in prompt order (arithmetic) or the given numbers, sorted (countdown);
-    ``target`` is the exact value of the answer; ``carries`` counts columns with a carry (borrow for
-    subtraction) out, 0 for countdown; ``solution`` is countdown's generating operations
-    ``(a, op, b, result)``, empty for arithmetic.
-    """
-    task: str
-    prompt_id: int
-    prompt: str
-    answer: str
-    level: int
-    numbers: tuple[int, ...]
-    target: int
-    op: str = ""
-    carries: int = 0
-    solution: tuple[tuple[int, str, int, int], ...] = ()
-
-    @property
-    def metadata(self) -> dict:
-        """What a prompt source carries beside (id, prompt, answer)."""
-        return {"task": self.task, "level": self.level, "op": self.op, "carries": self.carries,
-                "operations": len(self.solution)}
-
-
-def _problem(task: str, prompt: str, **fields) -> Problem:
-    return Problem(task=task, prompt_id=_hash_int(f"{task}|{prompt}"), prompt=prompt, **fields)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -210,7 +173,7 @@ def _draw_arithmetic(rng: random.Random, spec: ArithmeticLevel, level: int, task
     if not spec.min_carries <= carries <= hi:
         return None
     prompt = spec.op.join(map(str, numbers)) + "\n"
-    return _problem(task, prompt, answer=str(target), level=level, numbers=numbers, target=target,
+    return make_problem(task, prompt, answer=str(target), level=level, numbers=numbers, target=target,
                     op=spec.op, carries=carries)
 
 
@@ -299,7 +262,7 @@ def _draw_countdown(rng: random.Random, spec: CountdownLevel, level: int) -> Pro
         return None
     numbers = tuple(sorted(given))
     prompt = " ".join(map(str, numbers)) + f" -> {target}\n"
-    return _problem("countdown", prompt, answer=str(target), level=level, numbers=numbers, target=target,
+    return make_problem("countdown", prompt, answer=str(target), level=level, numbers=numbers, target=target,
                     solution=tuple(solution))
 
 
@@ -355,7 +318,7 @@ class Task:
 
     def split_of(self, problem: Problem) -> str:
         """"heldout" or "train", from the canonical problem alone (never from how it was sampled)."""
-        bucket = _hash_int(f"split|{self.name}|{self.split_key(problem)}") / (_ID_MASK + 1)
+        bucket = hash_int(f"split|{self.name}|{self.split_key(problem)}") / (ID_MASK + 1)
         return "heldout" if bucket < self.heldout_fraction else "train"
 
     def max_chars(self, level: int) -> tuple[int, int]:
@@ -370,7 +333,7 @@ class Task:
         """
         if split not in SPLITS:
             raise ValueError(f"split = {split!r}: must be one of {SPLITS}")
-        rng = random.Random(_hash_int(f"{self.name}|{seed}|{split}|{index}"))
+        rng = random.Random(hash_int(f"{self.name}|{seed}|{split}|{index}"))
         if level is None:
             level = rng.choice(self.difficulty_levels)
         spec = self.level_spec(level)

@@ -16,7 +16,7 @@ from collections import Counter
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from passrate_jax.data.tasks import Problem
+    from passrate_jax.data.problem import Problem
 
 # Far above any reference solution (< 128 chars) yet small enough that parsing stays cheap: a runaway
 # sample that never emitted eos is rejected without splitting megabytes of text.

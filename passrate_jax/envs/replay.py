@@ -1,4 +1,5 @@
-"""Turn records, the assistant-turn cut of Prefix Sampling, and replay through execution.
+"""Turn records, the assistant-turn cut of Prefix Sampling, replay through execution, and the expert's
+trajectory (the supervised warm start of environment runs, ``passrate_jax/run/warm_start.py``).
 
 A trajectory in an environment is the prompt (the first observation) followed by turns; a turn is the
 assistant's generated ids (its action, ending in the turn-end token "\\n") and the ids of the
@@ -124,3 +125,24 @@ def replay(env: Environment, task: EnvTask, turns: Sequence[Turn], codec: TurnCo
                 or codec.observation_ids(outcome.observation, turn.action) != turn.observation):
             return Replay(None, t)
     return Replay(episode)
+
+
+def expert_trajectory(env: Environment, task: EnvTask, codec: TurnCodec, max_turns: int | None = None,
+                      success_threshold: float = 0.5) -> list[Turn]:
+    """The expert's turns, observations from executing them in ``env`` (so they are exactly what the
+    policy will see). ValueError when the expert does not solve the task (reward >= ``success_threshold``)
+    within the turn limit."""
+    episode = Episode(env, task, max_turns)
+    episode.reset()
+    turns = []
+    for action in task.solution:
+        ids = codec.action_ids(action)
+        outcome = episode.step(action)
+        turns.append(Turn(ids, [] if outcome.done else codec.observation_ids(outcome.observation, ids),
+                          outcome.error))
+        if outcome.done:
+            break
+    if not (episode.done and episode.reward >= success_threshold):
+        raise ValueError(f"{env.name} task {task.prompt!r}: the expert solution does not solve it in "
+                         f"{episode.max_turns} turns")
+    return turns

@@ -10,6 +10,7 @@ from flax import nnx
 from passrate_jax.model.config import ModelConfig
 from passrate_jax.model.hf_io import load_pretrained
 from passrate_jax.model.transformer import Transformer
+from passrate_jax.sharding import param_shardings
 
 
 def create_model(cfg: ModelConfig, seed: int = 0, mesh: jax.sharding.Mesh | None = None) -> Transformer:
@@ -37,7 +38,6 @@ def _random_init(cfg: ModelConfig, seed: int, mesh, which) -> tuple[nnx.GraphDef
     graphdef, abstract = nnx.split(nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(seed))))
     out_shardings = None
     if mesh is not None:
-        from passrate_jax.sharding import param_shardings  # sharding never imports the model
         out_shardings = param_shardings(nnx.filter_state(abstract, which), mesh)
     state = jax.jit(lambda: nnx.state(Transformer(cfg, rngs=nnx.Rngs(seed)), which), out_shardings=out_shardings)()
     return graphdef, state

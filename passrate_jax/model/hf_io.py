@@ -23,6 +23,7 @@ from safetensors.numpy import save_file
 from passrate_jax.model.config import ModelConfig, RopeScaling
 from passrate_jax.model.lora import merged_model
 from passrate_jax.model.transformer import Transformer
+from passrate_jax.sharding import param_shardings
 
 # architecture -> model_type written back on save
 ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
@@ -209,11 +210,18 @@ def load_pretrained(directory: str | os.PathLike, dtype=None, mesh: jax.sharding
     variables = dict(nnx.to_flat_state(state))
     shardings = None
     if mesh is not None:
-        from passrate_jax.sharding import param_shardings  # sharding imports nothing from model
         shardings = dict(nnx.to_flat_state(param_shardings(state, mesh)))
 
     files = _tensor_files(directory)
     entries = _tensor_map(cfg)
+    _check_tensor_names(directory, files, entries)
+    _read_tensors(files, entries, variables, shardings, cfg.num_layers)
+    return nnx.merge(graphdef, state)
+
+
+def _check_tensor_names(directory: str, files: dict[str, str], entries) -> None:
+    """CheckpointFormatError naming the tensors the model needs that the checkpoint lacks, or those it
+    holds that the model would silently drop."""
     missing = [name for name, *_ in entries if name not in files]
     if missing:
         raise CheckpointFormatError(f"{directory!r}: missing tensors {missing}")
@@ -224,6 +232,11 @@ def load_pretrained(directory: str | os.PathLike, dtype=None, mesh: jax.sharding
                         and not n.endswith("rotary_emb.inv_freq"))
     if unexpected:
         raise CheckpointFormatError(f"{directory!r}: unexpected tensors {unexpected[:10]}")
+
+
+def _read_tensors(files: dict[str, str], entries, variables: dict, shardings: dict | None, num_layers: int) -> None:
+    """Set each model variable from its checkpoint tensor(s), converted to the model's layout and dtype
+    and placed in its sharding."""
     handles: dict[str, Any] = {}
     try:
         # A stacked [L, ...] weight is assembled on the host from its L tensors, then placed once.
@@ -240,13 +253,12 @@ def load_pretrained(directory: str | os.PathLike, dtype=None, mesh: jax.sharding
             x = _to_model_layout(kind, x, shape).astype(var.get_value().dtype)
             if layer is not None:
                 host.setdefault(path, np.empty(var.shape, x.dtype))[layer] = x
-                if layer < cfg.num_layers - 1:
+                if layer < num_layers - 1:
                     continue
                 x = host.pop(path)
             var.set_value(jax.device_put(x, shardings[path].get_value() if shardings else None))
     finally:
         handles.clear()
-    return nnx.merge(graphdef, state)
 
 
 def save_pretrained(model: Transformer, directory: str | os.PathLike) -> None:

@@ -7,7 +7,7 @@ leading dims), and XLA CPU lays such a dot out by transposing its left operand i
 left, so the copy is the wider side, e.g. [1024, tokens] instead of [384, tokens] for the MLP's gate and
 up projections, or [vocabulary, tokens] for the LM head. Here the narrower side goes on the left: with
 the written-out log-softmax gradient (rl.losses.token_logprobs), benchmarks/update.py's step went from
-about 40 s to 19-20 s on this project's shared CPU (README, "Throughput"). On GPU and TPU the transposes
+about 40 s to 19-20 s on this project's shared CPU (docs/performance.md, "Policy update"). On GPU and TPU the transposes
 fold into the matmul either way; the product is the same.
 """
 

@@ -18,17 +18,16 @@ building a model needs no mesh; ``passrate_jax.sharding`` maps the names to mesh
 
 from __future__ import annotations
 
-import math
 from typing import Protocol
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx, struct
 
 from passrate_jax.model.config import ModelConfig
 from passrate_jax.model.matmul import project
 from passrate_jax.model.params import Init, const, weight
+from passrate_jax.model.rope import apply_rope, rope_tables
 
 # Finite stand-in for -inf: a query with no visible key (a padding query) then gets a uniform softmax
 # instead of NaN, so garbage at padding positions never poisons gradients through where/sum.
@@ -84,43 +83,6 @@ def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype=None) -> KVCach
     return KVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype))
 
 
-def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:
-    """RoPE inverse frequencies [head_dim / 2] (float64 numpy), with llama3 / linear scaling applied
-    exactly as transformers' ``ROPE_INIT_FUNCTIONS`` does."""
-    dim = cfg.resolved_head_dim
-    inv_freq = 1.0 / (cfg.rope_theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim))
-    rs = cfg.rope_scaling
-    if rs.rope_type == "linear":
-        return inv_freq / rs.factor
-    if rs.rope_type == "llama3":
-        low_wavelen = rs.original_max_position_embeddings / rs.low_freq_factor
-        high_wavelen = rs.original_max_position_embeddings / rs.high_freq_factor
-        wavelen = 2 * math.pi / inv_freq
-        scaled = np.where(wavelen > low_wavelen, inv_freq / rs.factor, inv_freq)
-        smooth = (rs.original_max_position_embeddings / wavelen - rs.low_freq_factor) / (
-            rs.high_freq_factor - rs.low_freq_factor)
-        smoothed = (1 - smooth) * scaled / rs.factor + smooth * scaled
-        is_medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
-        return np.where(is_medium, smoothed, scaled)
-    return inv_freq
-
-
-def _rope_tables(positions_bt: jax.Array, cfg: ModelConfig) -> tuple[jax.Array, jax.Array]:
-    """cos, sin [B, T, 1, head_dim] float32, in the rotate-half layout transformers uses."""
-    # transformers keeps inv_freq in float32; rounding it the same way keeps long positions matched.
-    inv_freq = jnp.asarray(rope_inv_freq(cfg), jnp.float32)
-    angles = positions_bt.astype(jnp.float32)[..., None] * inv_freq
-    angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]
-    return jnp.cos(angles), jnp.sin(angles)
-
-
-def _apply_rope(x_bthe: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
-    half = x_bthe.shape[-1] // 2
-    x = x_bthe.astype(jnp.float32)
-    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
-    return (x * cos + rotated * sin).astype(x_bthe.dtype)
-
-
 class RMSNorm(nnx.Module):
     """Root-mean-square norm over the last axis, statistics in float32 (as transformers computes them)."""
 
@@ -174,7 +136,7 @@ class Attention(nnx.Module):
         v = self._project(x_btd, "v", "v_bias")
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = _apply_rope(q, cos, sin), _apply_rope(k, cos, sin)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache is not None:
             # Scatter each row's new keys into slot == position; padding tokens carry slot S (out of
             # range) and mode="drop" discards them, so they never clobber a real token's slot.
@@ -388,7 +350,7 @@ class Transformer(nnx.Module):
         real_bt = (jnp.ones((b, t), bool) if attention_mask_bt is None
                    else attention_mask_bt.astype(bool))
         positions_bt = positions_bt.astype(jnp.int32)
-        cos, sin = _rope_tables(positions_bt, self.cfg)
+        cos, sin = rope_tables(positions_bt, self.cfg)
         x = self.embed[...][tokens_bt].astype(self.dtype)
         if layout is not None:
             x = layout.activations(x)

@@ -92,6 +92,19 @@ def _count_tokens_and_rows(mask_bt):
     return jnp.maximum(m.sum(), 1).astype(jnp.float32), jnp.maximum(m.any(-1).sum(), 1).astype(jnp.float32)
 
 
+class _Trainable(NamedTuple):
+    """Which part of the parameters trains: all of them, or with LoRA adapters the adapters alone (the
+    optimizer sees and keeps state for them only; the base weights pass through the step unchanged)."""
+    lora: bool
+
+    def split(self, p):
+        """(trainable, frozen); frozen is None without adapters."""
+        return nnx.split_state(p, TRAINABLE_WITH_LORA, ...) if self.lora else (p, None)
+
+    def join(self, trainable, frozen):
+        return nnx.merge_state(trainable, frozen) if self.lora else trainable
+
+
 def make_train_step(graphdef: nnx.GraphDef, params, cfg: RLConfig, optimizer: optax.GradientTransformation,
                     mesh: Mesh) -> UpdateFns:
     """Build the jitted, sharded update for the model ``graphdef`` (from ``nnx.split(model)``).
@@ -105,39 +118,56 @@ def make_train_step(graphdef: nnx.GraphDef, params, cfg: RLConfig, optimizer: op
         ``minibatches * grad_accum`` micro-batches, each divisible by ``data * fsdp``.
     """
     p_shard = sharding.param_shardings(params, mesh)
-    # With LoRA adapters only they train: the optimizer sees (and keeps state for) the adapters alone and
-    # the base weights pass through the step unchanged.
-    lora = has_adapters(params)
-
-    def split(p):
-        return nnx.split_state(p, TRAINABLE_WITH_LORA, ...) if lora else (p, None)
-
-    def join(trainable, frozen):
-        return nnx.merge_state(trainable, frozen) if lora else trainable
-
-    t_shard = split(p_shard)[0]
-    o_shard = opt_state_shardings(optimizer, split(params)[0], t_shard, mesh)
+    trainable = _Trainable(has_adapters(params))
+    t_shard = trainable.split(p_shard)[0]
+    o_shard = opt_state_shardings(optimizer, trainable.split(params)[0], t_shard, mesh)
     b_shard = sharding.batch_sharding(mesh, 1)  # a prefix spec: dim 0 split, other dims replicated
-    rep = sharding.replicated(mesh)
-    rows_spec = ("data", "fsdp")
     layout = sharding.FsdpLayout(mesh)  # weights gathered per layer, activations split by rows
 
     def constrain_split(tree):
         # [parts, rows, ...]: keep every part spread over all data-parallel devices.
-        return jax.lax.with_sharding_constraint(tree, NamedSharding(mesh, PartitionSpec(None, rows_spec)))
+        return jax.lax.with_sharding_constraint(tree, NamedSharding(mesh, PartitionSpec(None, ("data", "fsdp"))))
 
     # On-policy single update: old = current params, so the ratio is exactly 1 in value and
     # stop_gradient(logp) from the training forward replaces a separate recompute forward.
     reuse_forward = cfg.recompute_old_logprobs and cfg.ppo_epochs * cfg.minibatches == 1
 
     def loss_fn(t, frozen, micro: TrainBatch, num_tokens, num_rows):
-        logp, entropy = policy_logprobs(graphdef, join(t, frozen), micro.tokens, micro.positions, micro.attention_mask, layout)
+        logp, entropy = policy_logprobs(graphdef, trainable.join(t, frozen), micro.tokens, micro.positions,
+                                        micro.attention_mask, layout)
         old = jax.lax.stop_gradient(logp) if reuse_forward else micro.old_logprobs
         return grpo_loss(cfg, logp, old, micro.advantages, micro.loss_mask, ref_logp_bt=micro.ref_logprobs,
                          entropy_bt=entropy, num_tokens=num_tokens, num_sequences=num_rows)
 
-    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+    update = _minibatch_update(cfg, jax.value_and_grad(loss_fn, has_aux=True), optimizer, t_shard, constrain_split)
 
+    def epoch(carry, key, batch: TrainBatch, frozen):
+        if cfg.minibatches > 1:
+            perm = jax.random.permutation(key, batch.tokens.shape[0])
+            batch = jax.lax.with_sharding_constraint(jax.tree.map(lambda x: x[perm], batch), b_shard)
+        minibatches = constrain_split(jax.tree.map(lambda x: split_rows(x, cfg.minibatches), batch))
+        return jax.lax.scan(lambda c, mb: update(c, mb, frozen), carry, minibatches)
+
+    def step(p, o, batch: TrainBatch, rng):
+        skipped_before = skipped_updates(o)
+        if cfg.recompute_old_logprobs and not reuse_forward:
+            # Same micro-batch size as training, so peak memory stays that of one micro-batch.
+            parts = cfg.minibatches * cfg.grad_accum
+            fields = constrain_split(jax.tree.map(lambda x: split_rows(x, parts),
+                                                  (batch.tokens, batch.positions, batch.attention_mask)))
+            old = jax.lax.map(lambda f: policy_logprobs(graphdef, p, *f, layout)[0], fields)
+            batch = batch.replace(old_logprobs=jax.lax.stop_gradient(unsplit_rows(old)))
+        keys = jax.random.split(rng, cfg.ppo_epochs)
+        t, frozen = trainable.split(p)
+        (t, o), per_update = jax.lax.scan(lambda c, k: epoch(c, k, batch, frozen), (t, o), keys)
+        return t, o, _step_metrics(cfg, per_update, batch.loss_mask, skipped_before, skipped_updates(o))
+
+    return _compile_update(step, optimizer, trainable, p_shard, o_shard, b_shard, sharding.replicated(mesh))
+
+
+def _minibatch_update(cfg: RLConfig, grad_fn, optimizer: optax.GradientTransformation, t_shard, constrain_split):
+    """One optimizer update of a minibatch, ``(trainable, opt_state), minibatch, frozen -> (new carry,
+    stats)``: gradients accumulated over ``grad_accum`` micro-batches, vetoed when not finite."""
     def update(carry, minibatch: TrainBatch, frozen):
         t, o = carry
         num_tokens, num_rows = _count_tokens_and_rows(minibatch.loss_mask)
@@ -158,55 +188,43 @@ def make_train_step(graphdef: nnx.GraphDef, params, cfg: RLConfig, optimizer: op
         t = optax.apply_updates(t, updates)
         return (t, o), dict(stats, loss=loss, grad_norm=grad_norm, applied=o.last_finite)
 
-    def epoch(carry, key, batch: TrainBatch, frozen):
-        if cfg.minibatches > 1:
-            perm = jax.random.permutation(key, batch.tokens.shape[0])
-            batch = jax.lax.with_sharding_constraint(jax.tree.map(lambda x: x[perm], batch), b_shard)
-        minibatches = constrain_split(jax.tree.map(lambda x: split_rows(x, cfg.minibatches), batch))
-        return jax.lax.scan(lambda c, mb: update(c, mb, frozen), carry, minibatches)
+    return update
 
-    def step(p, o, batch: TrainBatch, rng):
-        skipped_before = skipped_updates(o)
-        if cfg.recompute_old_logprobs and not reuse_forward:
-            # Same micro-batch size as training, so peak memory stays that of one micro-batch.
-            parts = cfg.minibatches * cfg.grad_accum
-            fields = constrain_split(jax.tree.map(lambda x: split_rows(x, parts),
-                                                  (batch.tokens, batch.positions, batch.attention_mask)))
-            old = jax.lax.map(lambda f: policy_logprobs(graphdef, p, *f, layout)[0], fields)
-            batch = batch.replace(old_logprobs=jax.lax.stop_gradient(unsplit_rows(old)))
-        keys = jax.random.split(rng, cfg.ppo_epochs)
-        t, frozen = split(p)
-        (t, o), per_update = jax.lax.scan(lambda c, k: epoch(c, k, batch, frozen), (t, o), keys)
-        # Metrics describe the updates that were applied; NaN when every update was skipped.
-        applied = per_update["applied"]
-        n_applied = applied.sum()
-        total = lambda x: jnp.where(applied, x, 0.0).sum()
-        per_token = jnp.where(n_applied > 0, jnp.maximum(total(per_update["tokens"]), 1.0), jnp.nan)
-        total_skipped = skipped_updates(o)
-        metrics = {
-            "loss": total(per_update["loss"]) / n_applied,
-            "clip_frac_low": total(per_update["clip_low"]) / per_token,
-            "clip_frac_high": total(per_update["clip_high"]) / per_token,
-            "kl": total(per_update["kl"]) / per_token,
-            "entropy": total(per_update["entropy"]) / per_token,
-            "grad_norm": total(per_update["grad_norm"]) / n_applied,
-            "tokens": batch.loss_mask.astype(bool).sum().astype(jnp.float32),
-            "skipped_steps": (total_skipped - skipped_before).astype(jnp.float32),
-            "total_skipped_steps": total_skipped.astype(jnp.float32),
-            "updates": jnp.asarray(cfg.ppo_epochs * cfg.minibatches, jnp.float32),
-        }
-        return t, o, metrics
 
+def _step_metrics(cfg: RLConfig, per_update: dict, loss_mask, skipped_before, total_skipped) -> dict:
+    """The step's metrics (:data:`METRIC_NAMES`) over the updates that were applied; NaN when every
+    update was skipped."""
+    applied = per_update["applied"]
+    n_applied = applied.sum()
+    total = lambda x: jnp.where(applied, x, 0.0).sum()
+    per_token = jnp.where(n_applied > 0, jnp.maximum(total(per_update["tokens"]), 1.0), jnp.nan)
+    return {
+        "loss": total(per_update["loss"]) / n_applied,
+        "clip_frac_low": total(per_update["clip_low"]) / per_token,
+        "clip_frac_high": total(per_update["clip_high"]) / per_token,
+        "kl": total(per_update["kl"]) / per_token,
+        "entropy": total(per_update["entropy"]) / per_token,
+        "grad_norm": total(per_update["grad_norm"]) / n_applied,
+        "tokens": loss_mask.astype(bool).sum().astype(jnp.float32),
+        "skipped_steps": (total_skipped - skipped_before).astype(jnp.float32),
+        "total_skipped_steps": total_skipped.astype(jnp.float32),
+        "updates": jnp.asarray(cfg.ppo_epochs * cfg.minibatches, jnp.float32),
+    }
+
+
+def _compile_update(step, optimizer, trainable: _Trainable, p_shard, o_shard, b_shard, rep) -> UpdateFns:
+    """Jit ``step`` and the optimizer's init with their shardings and donations."""
+    t_shard = trainable.split(p_shard)[0]
     # Returning the frozen base from the jitted program would copy it (jit does not forward an input
     # buffer to an output), and donating it would delete the arrays a KL reference shares: with LoRA
     # the program returns the adapters alone and the base is joined back outside, untouched.
     step_jit = jax.jit(step, in_shardings=(p_shard, o_shard, b_shard, rep),
-                       out_shardings=(t_shard, o_shard, rep), donate_argnums=(1,) if lora else (0, 1))
+                       out_shardings=(t_shard, o_shard, rep), donate_argnums=(1,) if trainable.lora else (0, 1))
 
     def step_fn(p, o, batch: TrainBatch, rng):
         t, o, metrics = step_jit(p, o, batch, rng)
-        return join(t, split(p)[1]), o, metrics
+        return trainable.join(t, trainable.split(p)[1]), o, metrics
 
-    init_jit = jax.jit(lambda p: optimizer.init(split(p)[0]), in_shardings=(p_shard,), out_shardings=o_shard)
-    return UpdateFns(init=init_jit, step=step_fn if lora else step_jit, compiled=step_jit, param_shardings=p_shard,
-                     opt_shardings=o_shard, batch_sharding=b_shard)
+    init_jit = jax.jit(lambda p: optimizer.init(trainable.split(p)[0]), in_shardings=(p_shard,), out_shardings=o_shard)
+    return UpdateFns(init=init_jit, step=step_fn if trainable.lora else step_jit, compiled=step_jit,
+                     param_shardings=p_shard, opt_shardings=o_shard, batch_sharding=b_shard)

@@ -18,13 +18,20 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from passrate_jax.allocation import Request, TrainGroup
+from passrate_jax.data.env_source import task_of
 from passrate_jax.envs import resolve_env
-from passrate_jax.rollout import env_data
 from passrate_jax.envs.base import Environment, EnvTask
 from passrate_jax.envs.episodes import Rollout, Start, run_episodes
 from passrate_jax.envs.replay import Turn, TurnCodec, cut_turns, replay, trajectory_tokens, turn_ids
 from passrate_jax.rollout.text import WIDTH_BUCKETS, StepKV, pack_rows
 from passrate_jax.sampling.sampler import Sampler
+
+
+def limits(session) -> tuple[int, int, int]:
+    """(turn limit, tokens per turn, context length limit) of a session's episodes."""
+    env = resolve_env(session.cfg.data.env)
+    return (session.cfg.data.max_turns or env.max_turns, session.cfg.sampling.max_new_tokens,
+            session.sampler.model_cfg.max_position_embeddings)
 
 
 @dataclasses.dataclass
@@ -58,8 +65,8 @@ class EnvRollouts(StepKV):
     @classmethod
     def for_session(cls, session) -> EnvRollouts:
         """The backend of a session's training pool."""
-        tasks = [env_data.task_of(r) for r in session.prompts]
-        max_turns, turn_tokens, max_len = env_data.limits(session)
+        tasks = [task_of(r) for r in session.prompts]
+        max_turns, turn_tokens, max_len = limits(session)
         return cls(resolve_env(session.cfg.data.env), tasks.__getitem__, session.prompt_ids,
                    TurnCodec(session.tokenizer), session.sampler, max_turns=max_turns, max_len=max_len, turn_tokens=turn_tokens,
                    pad_id=session.tokenizer.pad_id, success_threshold=session.cfg.data.reward_threshold)
@@ -164,12 +171,3 @@ class EnvRollouts(StepKV):
             prompt=int(v["prompt"]), prefix=[Turn.from_json(t) for t in v["prefix"]], rejected=bool(v["rejected"]),
             turns={int(i): [Turn.from_json(t) for t in ts] for i, ts in v["turns"].items()},
             rewards={int(i): float(r) for i, r in v.get("rewards", {}).items()}) for k, v in data.items()}
-
-    # ------------------------------------------------------------------ the kind's other jobs
-    def warm_start(self, session, progress: bool) -> dict | None:
-        """Supervised warm start on expert trajectories, executed in the environment."""
-        return env_data.warm_start(session, progress)
-
-    def evaluate(self, session, params, *, seed: int, num_samples: int, ks, greedy: bool = True) -> dict:
-        """Success of whole held-out episodes (``passrate_jax.rollout.env_data.evaluate``)."""
-        return env_data.evaluate(session, params, seed=seed, num_samples=num_samples, ks=ks, greedy=greedy)

@@ -34,8 +34,9 @@ class RolloutBackend(Protocol):
     table, see :class:`RolloutTable`) -> ``record`` (keep the trajectories, with what of their scores the
     update needs). After the step, ``batch``
     builds the update's padded arrays of the trained groups and ``metrics`` adds the backend's own
-    counters. ``retain`` / ``to_json`` / ``load_json``: the trajectories a checkpoint keeps.
-    ``warm_start`` / ``evaluate``: the kind's supervised warm start and held-out evaluation.
+    counters. ``retain`` / ``to_json`` / ``load_json``: the trajectories a checkpoint keeps. (The
+    supervised warm start and held-out evaluation are the run's: ``passrate_jax/run/warm_start.py``,
+    ``held_out.py``.)
     """
 
     def open_step(self, params) -> None: ...
@@ -59,10 +60,6 @@ class RolloutBackend(Protocol):
     def to_json(self) -> dict: ...
 
     def load_json(self, data: dict) -> None: ...
-
-    def warm_start(self, session, progress: bool) -> dict | None: ...
-
-    def evaluate(self, session, params, *, seed: int, num_samples: int, ks, greedy: bool = True) -> dict: ...
 
 
 class RolloutTable:

@@ -252,28 +252,6 @@ class TextRollouts(StepKV):
                                          rewards={int(i): float(r) for i, r in v.get("rewards", {}).items()})
                        for k, v in data.items()}
 
-    # ------------------------------------------------------------------ the kind's other jobs
-    def warm_start(self, session, progress: bool) -> dict | None:
-        """Supervised warm start on the built-in tasks' reference solutions (other sources have none)."""
-        if session.cfg.data.source != "builtin":
-            session.log("warm start: skipped (only the built-in tasks have reference solutions)")
-            return None
-        from passrate_jax.run.sft import run_warm_start
-        return run_warm_start(session.cfg, session.model, session.tokenizer, progress=progress, log=session.log)
-
-    def evaluate(self, session, params, *, seed: int, num_samples: int, ks, greedy: bool = True) -> dict:
-        """Greedy held-out accuracy (overall and per level); pass@k with ``num_samples``."""
-        from passrate_jax.run.evaluate import EvalPrompt, evaluate
-
-        def verifier(record):
-            return lambda text: float(session.score([record], [text])[0] >= self.success_threshold)
-        prompts = [EvalPrompt(ids, verifier(r), int(r.metadata.get("level", 0)))
-                   for r, ids in zip(session.heldout, session.heldout_tokens)]
-        if not prompts:
-            return {"accuracy": float("nan"), "accuracy_by_level": {}}
-        return evaluate(self.sampler, params, prompts, self.decode, seed=seed, num_samples=num_samples, ks=ks,
-                        temperature=session.cfg.sampling.temperature, greedy=greedy)
-
 
 def pack_rows(seqs, masks, rewards, group_ids, *, num_groups: int, rows: int, width_buckets: Sequence[int],
               pad_id: int) -> dict[str, np.ndarray]:

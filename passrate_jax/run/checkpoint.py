@@ -20,6 +20,9 @@ from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
+from flax import nnx
+
+from passrate_jax.configlib import ConfigError
 
 
 def abstract_like(tree: Any) -> Any:
@@ -99,8 +102,6 @@ def check_run_dir(run_dir: str | os.PathLike, state: Any = None) -> None:
     """Fail before training when the run directory cannot hold a checkpoint: not writable, or (with
     ``state``, the pytree a checkpoint saves) less free space than one checkpoint of it needs.
     Remote (``gs://``) directories are left to Orbax. Raises :class:`ConfigError` naming the directory."""
-    from passrate_jax.configlib import ConfigError
-
     run_dir = os.fspath(run_dir)
     if "://" in run_dir:
         return
@@ -125,10 +126,6 @@ def load_params(run_dir: str | os.PathLike, params: Any, step: int | None = None
     ``step`` (default: the latest) of ``run_dir``, read without rebuilding the optimizer or allocator.
     Returns the step. A step that was not saved (or a run with no checkpoint) is a ConfigError listing
     the steps there are."""
-    from flax import nnx
-
-    from passrate_jax.configlib import ConfigError
-
     ckpt = RunCheckpointer(run_dir)
     try:
         saved = sorted(ckpt.all_steps())

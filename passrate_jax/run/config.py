@@ -16,9 +16,13 @@ import yaml
 from passrate_jax.allocation.config import AllocationConfig, PrefixSamplingConfig, check_prefix_sampling
 from passrate_jax.configlib import (ConfigError, apply_overrides, build, option, read_preset, section,  # noqa: F401
                                    to_dict)
+from passrate_jax.data.tasks import TASKS
+from passrate_jax.envs import resolve_env
 from passrate_jax.model.config import ModelConfig
+from passrate_jax.plugins import load_reward_fn
 from passrate_jax.rl.config import OptimizerConfig, RLConfig
 from passrate_jax.sampling.config import SamplingConfig
+from passrate_jax.run.trackers import check_wandb_installed
 from passrate_jax.sharding import MeshConfig  # noqa: F401  (defined next to the mesh; re-exported)
 
 
@@ -75,13 +79,9 @@ class DataConfig:
                                               "DS, PS, selection, pass rates) iff its reward >= this")
 
     def validate(self) -> None:
-        from passrate_jax.data.tasks import TASKS
-
         if self.template.count("{prompt}") != 1:
             raise ConfigError(f"template = {self.template!r}: must contain {{prompt}} exactly once")
         if self.source == "env":
-            from passrate_jax.envs import resolve_env
-
             if self.reward_fn:
                 raise ConfigError(f"reward_fn = {self.reward_fn!r}: not used with source env (the environment's "
                                   "reward(task, state) scores episodes)")
@@ -110,8 +110,6 @@ class DataConfig:
         if self.source == "tfds" and not self.tfds_name:
             raise ConfigError("tfds_name = '': source tfds needs a dataset name")
         if self.reward_fn:
-            from passrate_jax.plugins import load_reward_fn
-
             if self.verifier != "auto":
                 raise ConfigError(f"verifier = {self.verifier!r}, reward_fn = {self.reward_fn!r}: give one (the "
                                   "reward function replaces the verifier)")
@@ -139,8 +137,6 @@ class DataConfig:
         the built-in task (levels min_level..max_level, a mixture: level 0), not all 0."""
         if not weights:
             return
-        from passrate_jax.data.tasks import TASKS
-
         top = self.max_level or len(TASKS[self.task].levels)
         if self.source != "builtin" or self.level:
             raise ConfigError(f"{field} = {list(weights)}: weights the built-in task's levels, so needs data.source "
@@ -193,7 +189,6 @@ class LoggingConfig:
 
     def validate(self) -> None:
         if self.wandb:
-            from passrate_jax.run.trackers import check_wandb_installed
             check_wandb_installed()
 
 

@@ -15,7 +15,9 @@ from typing import Any
 import numpy as np
 from etils import epath
 
+from passrate_jax.configlib import to_dict
 from passrate_jax.run.runfiles import is_remote, read_jsonl  # noqa: F401 - read_jsonl is public here too
+from passrate_jax.run.trackers import make_trackers
 
 
 def to_python(value: Any) -> Any:
@@ -108,9 +110,6 @@ class MetricsWriter:
     def for_run(cls, cfg, run_dir: str | os.PathLike, *, truncate_after: int | None = None,
                 enabled: bool = True) -> MetricsWriter:
         """The writer a run's config asks for (``cfg.logging``: TensorBoard, W&B with the config attached)."""
-        from passrate_jax.configlib import to_dict
-        from passrate_jax.run.trackers import make_trackers
-
         return cls(run_dir, tensorboard=cfg.logging.tensorboard, truncate_after=truncate_after, enabled=enabled,
                    trackers=lambda d: make_trackers(cfg.logging, os.fspath(d), to_dict(cfg)))
 

@@ -44,14 +44,20 @@ def plot_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = Non
     out_dir = os.fspath(out_dir or os.path.join(os.fspath(run_dir), "plots"))
     os.makedirs(out_dir, exist_ok=True)
     written = []
-
-    def save(fig, name):
+    for name, draw in (("accuracy_vs_rollouts.png", _accuracy_figure), ("groups_and_rollouts.png", _groups_figure),
+                       ("prefix_sampling.png", _prefix_figure), ("pass_rate_histogram.png", _histogram_figure)):
+        fig = draw(plt, records)
+        if fig is None:  # the run has none of the figure's metrics (e.g. no Prefix Sampling)
+            continue
         fig.tight_layout()
         target = os.path.join(out_dir, name)
         fig.savefig(target, dpi=110, bbox_inches="tight")
         plt.close(fig)
         written.append(target)
+    return written
 
+
+def _accuracy_figure(plt, records: list[dict]):
     fig, ax = plt.subplots(figsize=(6, 4))
     x, y = _series(records, "train_accuracy")
     if len(x):
@@ -74,8 +80,10 @@ def plot_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = Non
     # Below the axes: inside, the legend covered the greedy curve, which sits near the top.
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, fontsize=8, frameon=False)
     ax.set_title("accuracy against rollouts spent")
-    save(fig, "accuracy_vs_rollouts.png")
+    return fig
 
+
+def _groups_figure(plt, records: list[dict]):
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
     x, y = _by_step(records, "valid_group_fraction")
     ax1.plot(x, y)
@@ -86,35 +94,40 @@ def plot_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = Non
     ax2.plot(x, y)
     ax2.set_xlabel("step")
     ax2.set_title("rollouts per step")
-    save(fig, "groups_and_rollouts.png")
+    return fig
 
+
+def _prefix_figure(plt, records: list[dict]):
     buckets = sorted({k.split("/")[-1] for r in records for k in r if k.startswith("ps/ratio/")}, key=int)
-    if buckets:
-        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
-        for b in buckets:
-            x, y = _by_step(records, f"ps/ratio/{b}")
-            ax1.plot(x, y, label=f"s={b}")
-            x, y = _by_step(records, f"ps/ema/{b}")
-            ax2.plot(x, y, label=f"s={b}")
-        ax1.set_title("prefix ratio per bucket")
-        ax2.axhline(0.5, color="gray", linestyle="--", linewidth=1)
-        ax2.set_title("re-rollout pass-rate EMA per bucket")
-        for ax in (ax1, ax2):
-            ax.set_xlabel("step")
-            ax.set_ylim(0, 1)
-            ax.legend()
-        save(fig, "prefix_sampling.png")
+    if not buckets:
+        return None
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    for b in buckets:
+        x, y = _by_step(records, f"ps/ratio/{b}")
+        ax1.plot(x, y, label=f"s={b}")
+        x, y = _by_step(records, f"ps/ema/{b}")
+        ax2.plot(x, y, label=f"s={b}")
+    ax1.set_title("prefix ratio per bucket")
+    ax2.axhline(0.5, color="gray", linestyle="--", linewidth=1)
+    ax2.set_title("re-rollout pass-rate EMA per bucket")
+    for ax in (ax1, ax2):
+        ax.set_xlabel("step")
+        ax.set_ylim(0, 1)
+        ax.legend()
+    return fig
 
+
+def _histogram_figure(plt, records: list[dict]):
     hists = [r["pass_rate_hist"] for r in records if isinstance(r.get("pass_rate_hist"), list)]
-    if hists:
-        total = np.sum(np.asarray(hists, dtype=float), axis=0)
-        fig, ax = plt.subplots(figsize=(6, 4))
-        ax.bar(np.arange(len(total)), total / max(total.sum(), 1))
-        ax.set_xlabel("successes in the group")
-        ax.set_ylabel("fraction of trained groups")
-        ax.set_title("pass-rate histogram of trained groups")
-        save(fig, "pass_rate_histogram.png")
-    return written
+    if not hists:
+        return None
+    total = np.sum(np.asarray(hists, dtype=float), axis=0)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.bar(np.arange(len(total)), total / max(total.sum(), 1))
+    ax.set_xlabel("successes in the group")
+    ax.set_ylabel("fraction of trained groups")
+    ax.set_title("pass-rate histogram of trained groups")
+    return fig
 
 
 def add_subparser(subparsers) -> None:

@@ -12,6 +12,8 @@ import numpy as np
 from flax import nnx
 
 from passrate_jax.run.config import Config
+from passrate_jax.run.held_out import evaluate_session
+from passrate_jax.run.warm_start import warm_start
 from passrate_jax.configlib import ConfigError
 from passrate_jax.data.formatting import PromptFormat
 from passrate_jax.data.rewards import Rewarder
@@ -128,22 +130,21 @@ class Session:
 
     @functools.cached_property
     def backend(self) -> RolloutBackend:
-        """How this run's tasks are rolled out, scored, batched, warm-started and evaluated: text answers
-        or the episodes of a multi-turn environment, chosen here from ``data.source``, once."""
+        """How this run's tasks are rolled out, scored and batched: text answers or the episodes of a
+        multi-turn environment, chosen here from ``data.source``, once."""
         if self.cfg.data.source == "env":
             return EnvRollouts.for_session(self)
         return TextRollouts.for_session(self)
 
     def warm_start(self, progress: bool = True) -> dict | None:
-        """The supervised warm start the config asks for (built-in tasks and environments); updates the model."""
-        if not self.cfg.warm_start.enabled or self.cfg.warm_start.steps == 0:
-            return None
-        return self.backend.warm_start(self, progress)
+        """The supervised warm start the config asks for (built-in tasks and environments); updates the
+        model (``passrate_jax.run.warm_start``)."""
+        return warm_start(self, progress)
 
     def evaluate(self, params, *, seed: int = 0, num_samples: int = 0, ks=(1,), greedy: bool = True) -> dict:
         """Greedy held-out accuracy (overall and per level) of ``params``; pass@k with ``num_samples``
-        (``greedy=False``: those only). Environments: success of whole episodes."""
-        return self.backend.evaluate(self, params, seed=seed, num_samples=num_samples, ks=ks, greedy=greedy)
+        (``greedy=False``: those only). Environments: success of whole episodes (``passrate_jax.run.held_out``)."""
+        return evaluate_session(self, params, seed=seed, num_samples=num_samples, ks=ks, greedy=greedy)
 
     def close(self) -> None:
         self.rewarder.close()

@@ -120,7 +120,7 @@ def run_warm_start(cfg: Config, model: nnx.Module, tokenizer, *, progress: bool 
                    log=print, batches=None, key: dict | None = None) -> dict:
     """Train ``model`` in place on the task's reference solutions, or load the cached result.
     ``batches(step) -> (tokens, mask)`` replaces the built-in tasks' batches (:func:`sft_batch`), e.g.
-    with expert trajectories of an environment (``passrate_jax.rollout.env_data``); ``key``: the settings
+    with expert trajectories of an environment (``passrate_jax.run.warm_start``); ``key``: the settings
     those batches depend on, hashed into the cache key.
 
     Returns a summary dict: ``cached`` (bool), ``steps``, ``final_loss`` (None when cached), ``path``.

@@ -17,7 +17,11 @@ import os
 import secrets
 from typing import Any
 
+from etils import epath
+
 from passrate_jax.configlib import ConfigError
+from passrate_jax.run.plot import plot_run
+from passrate_jax.run.runfiles import is_remote
 
 log = logging.getLogger(__name__)
 INSTALL_HINT = "pip install 'passrate-jax[wandb]'"
@@ -57,10 +61,6 @@ class WandbTracker:
         check_wandb_installed()
         import wandb
 
-        from etils import epath
-
-        from passrate_jax.run.runfiles import is_remote
-
         self.run_dir = os.fspath(run_dir)
         id_file = epath.Path(self.run_dir) / "wandb_id"
         run_id = id_file.read_text().strip() if id_file.exists() else secrets.token_hex(6)
@@ -76,7 +76,6 @@ class WandbTracker:
     def close(self) -> None:
         import wandb
 
-        from passrate_jax.run.plot import plot_run
         try:
             self._run.log({f"plots/{os.path.splitext(os.path.basename(p))[0]}": wandb.Image(p)
                            for p in plot_run(self.run_dir)})

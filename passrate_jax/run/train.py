@@ -25,7 +25,7 @@ from etils import epath
 from passrate_jax import distributed
 from passrate_jax.allocation import Allocator, AllocatorState, state_from_dict, state_to_dict
 from passrate_jax.run.checkpoint import RunCheckpointer, check_run_dir
-from passrate_jax.run.config import Config, dump_config
+from passrate_jax.run.config import Config, dump_config, load_config
 from passrate_jax.configlib import ConfigError, add_config_arguments, to_dict
 from passrate_jax.rollout.loop import collect_rollouts, rollout_metrics
 from passrate_jax.run.metrics import MetricsWriter, flatten, write_text_atomic
@@ -358,7 +358,6 @@ def add_subparser(subparsers) -> None:
 
 
 def run(args) -> int:
-    from passrate_jax.run.config import load_config
     cfg = load_config(args.config, args.overrides)
     name = os.path.splitext(os.path.basename(args.config))[0] if args.config else "default"
     run_dir = args.run_dir or os.path.join("runs", name)

@@ -20,8 +20,15 @@ import os
 import platform
 import time
 
-from passrate_jax.configlib import ConfigError
+import jax
+
+from passrate_jax.configlib import ConfigError, to_dict
+from passrate_jax.run.config import load_config
+from passrate_jax.run.metrics import read_jsonl
+from passrate_jax.run.train import train
+from passrate_jax.study.analysis import analyse, load_runs
 from passrate_jax.study.methods import DEFAULT_METHODS, METHODS, NEUTRAL, PS_INVESTIGATION
+from passrate_jax.study.report import write_report
 
 DEFAULT_SEEDS = (0, 1, 2, 3, 4)
 QUICK_SEEDS = (0, 1)  # two seeds: the fewest a paired interval over seeds needs
@@ -55,7 +62,6 @@ class StudyPlan:
 
 def make_plan(base_config: str, methods, seeds, overrides, out_dir: str, quick: bool) -> StudyPlan:
     """Validate the request (every config is built here, before any compute)."""
-    from passrate_jax.run.config import load_config
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
         raise ConfigError(f"--methods {' '.join(unknown)}: unknown; known: {' '.join(METHODS)}")
@@ -72,7 +78,6 @@ def make_plan(base_config: str, methods, seeds, overrides, out_dir: str, quick: 
 
 def _records(run_dir: str) -> list[dict]:
     """A run's metrics records (none before it starts)."""
-    from passrate_jax.run.metrics import read_jsonl
     path = os.path.join(run_dir, "metrics.jsonl")
     return read_jsonl(path) if os.path.exists(path) else []
 
@@ -85,7 +90,6 @@ def _start_key(cfg) -> str:
     """What a run's step-0 evaluation depends on: its whole config but how it allocates, logs and saves.
     Runs with equal keys start from the same cached warm start and evaluate it on the same prompts with
     the same seed, so their step-0 evaluations are equal (tests/test_study.py checks it)."""
-    from passrate_jax.configlib import to_dict
     d = {k: v for k, v in to_dict(cfg).items() if k not in ("allocation", "prefix_sampling", "logging", "checkpoint")}
     return json.dumps(d, sort_keys=True, default=str)
 
@@ -99,11 +103,6 @@ def _start_metrics(records: list[dict]) -> dict | None:
 
 def _train_run(base_config, overrides: list[str], run_dir: str, start_metrics: dict | None, xla_cache: str) -> None:
     """Train one study run (in this process, or in a worker process of a parallel study)."""
-    import jax
-
-    from passrate_jax.run.config import load_config
-    from passrate_jax.run.train import train
-
     jax.config.update("jax_compilation_cache_dir", xla_cache)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
     train(load_config(base_config, overrides), run_dir, progress=False, log=lambda *a: None,
@@ -130,11 +129,6 @@ def run_study(plan: StudyPlan, *, progress: bool = True, target_fraction: float 
     spare (one run keeps a 2-core CPU busy much of the time: --jobs 2 there gains little). Every run is
     the same computation either way (its metrics do not depend on ``jobs``; tests/test_study.py checks
     it); on one accelerator keep 1."""
-    import jax
-
-    from passrate_jax.run.config import load_config
-    from passrate_jax.study.analysis import analyse, load_runs
-
     if jobs < 1:
         raise ConfigError(f"--jobs {jobs}: must be >= 1")
     # Every run builds the same sampler and update programs: compile them once for the whole study
@@ -244,7 +238,6 @@ def run(args) -> int:
     if not 0 < args.target_fraction <= 1:
         raise ConfigError(f"--target-fraction {args.target_fraction}: must be in (0, 1]")
     plan = make_plan(args.config, args.methods, seeds, args.overrides, out, args.quick)
-    from passrate_jax.study.report import write_report
     analysis = run_study(plan, progress=not args.no_progress, target_fraction=args.target_fraction,
                          metric=args.metric, jobs=args.jobs)
     report = args.report or os.path.join(out, "results.md")

@@ -40,6 +40,7 @@ from passrate_jax.allocation.policies import Knobs, make_setup
 from passrate_jax.allocation.prefix_control import bucket_successes
 from passrate_jax.allocation.table import ABANDONED, successes
 from passrate_jax.configlib import ConfigError, apply_overrides, build, option, read_preset, section
+from passrate_jax.study.sim_plot import plot_report
 
 BASES = ("uniform", "ds", "ds_ideal", "sara", "sara_fixed", "pilot_commit")
 DEFAULT_METHODS = ("uniform", "ds", "ds_ideal", "mopps", "dps", "sara", "sara+mopps", "sara+dps", "sara_fixed",
@@ -359,7 +360,6 @@ def run(args: argparse.Namespace) -> int:
         return 2
     report = simulate(sim, cfg.allocation, cfg.prefix_sampling, progress=not args.no_progress)
     if args.plot:
-        from passrate_jax.study.sim_plot import plot_report
         plot_report(report, args.plot)
     if args.json:
         print(json.dumps(report))

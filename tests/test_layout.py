@@ -1,0 +1,53 @@
+"""The package's layering (docs/design.md section 3), measured by tools/import_graph.py: no import cycle,
+no import up the layers, no project module imported inside a function; and the measurement itself
+(levels and upward edges) against plain references on small graphs."""
+
+import importlib.util
+import itertools
+import os
+import random
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_spec = importlib.util.spec_from_file_location("import_graph", os.path.join(ROOT, "tools", "import_graph.py"))
+import_graph = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(import_graph)
+
+
+def test_imports_point_down_and_none_hides_in_a_function():
+    measured = import_graph.measure_imports(ROOT)
+    for kind in ("modules", "units"):
+        assert measured[kind]["cycles"] == [], kind
+        assert measured[kind]["upward_edges"] == [], kind
+    assert measured["in_function_imports"] == 0
+
+
+def _longest_path_levels(graph):
+    """Reference for a DAG: a node's level is the number of edges on the longest path out of it,
+    found by trying every path (small graphs only)."""
+    def longest(node):
+        return max((1 + longest(t) for t in graph[node]), default=0)
+    return {n: longest(n) for n in graph}
+
+
+def test_levels_are_longest_paths_and_a_cycle_shares_one_level():
+    rng = random.Random(0)
+    for _ in range(50):
+        n = rng.randint(1, 7)
+        nodes = [f"m{i}" for i in range(n)]
+        # edges only from a higher index to a lower one: a DAG
+        graph = {a: {b for b in nodes[:i] if rng.random() < 0.4} for i, a in enumerate(nodes)}
+        assert import_graph.levels(graph) == _longest_path_levels(graph)
+    cyclic = {"a": {"b"}, "b": {"c"}, "c": {"b", "d"}, "d": set()}
+    assert import_graph.levels(cyclic) == {"a": 2, "b": 1, "c": 1, "d": 0}
+    assert import_graph.graph_numbers({"passrate_jax.model." + k: {"passrate_jax.model." + t for t in v}
+                                       for k, v in cyclic.items()})["cycles"] == [
+        "passrate_jax.model.b <-> passrate_jax.model.c"]
+
+
+def test_an_edge_is_upward_exactly_when_it_climbs_the_layer_order():
+    order = ["passrate_jax.configlib", "passrate_jax.model.a", "passrate_jax.allocation.b", "passrate_jax.rollout.c",
+             "passrate_jax.run.d", "passrate_jax.study.e", "passrate_jax.cli.f", "passrate_jax.train"]
+    ranks = [0, 1, 2, 3, 4, 5, 6, 4]  # train.py: the flat module of the old layout, in the run layer
+    for (a, ra), (b, rb) in itertools.permutations(zip(order, ranks), 2):
+        upward = import_graph.graph_numbers({a: {b}, b: set()})["upward_edges"]
+        assert upward == ([f"{a} -> {b}"] if ra < rb else []), (a, b)
