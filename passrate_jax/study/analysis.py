@@ -24,8 +24,9 @@ import numpy as np
 
 from passrate_jax.run.metrics import read_jsonl
 from passrate_jax.study.methods import BASELINES, CLAIMS
-from passrate_jax.study.stats import (factor_interval, first_reach, km_median, log_factor_bounds, mean_over,
-                                      paired_bootstrap, verdict)
+from passrate_jax.study.probes import premise, seed_probes
+from passrate_jax.study.stats import (claim_p_values, factor_interval, first_reach, holm, km_median, log_factor_bounds,
+                                      mean_over, paired_interval, verdict)
 
 PLATEAU_EVALS = 3
 TARGET_FRACTION = 0.8
@@ -99,6 +100,7 @@ def seed_measures(records: list[dict], metric: str, target: float, ps_warmup: in
         "wall_seconds": float(sum(r.get("time/step_s", 0.0) for r in steps)),
         "ps_pass_rate": {b: _mean([r.get(f"ps/pass_rate/{b}") for r in steps if r["step"] > ps_warmup])
                          for b in buckets},
+        "probes": seed_probes(records, ps_warmup),
     }
 
 
@@ -143,7 +145,7 @@ def compare(method: dict[int, dict], base: dict[int, dict], measure: str, no_gai
         r["censored_seeds"] = 0
     else:
         d = [method[s][measure] - base[s][measure] for s in seeds]
-        r = paired_bootstrap(d, d)
+        r = paired_interval(d, d)
         r["censored_seeds"] = 0
     return {**r, "kind": "difference" if measure in DIFFERENCES else "factor", "seeds": seeds}
 
@@ -175,13 +177,28 @@ def analyse(runs: dict[str, dict[int, list[dict]]], *, target_fraction: float = 
     no_gain = sorted(s for s in targets if plateaus[s] <= starts[s])
     comparisons = {(m, b): {measure: compare(per_seed[m], per_seed[b], measure, no_gain) for measure in COMPARED}
                    for m in per_seed for b in BASELINES if b in per_seed and b != m}
-    claims = []
-    for c in CLAIMS:
-        if c.method in per_seed and c.baseline in per_seed:
-            iv = compare(per_seed[c.method], per_seed[c.baseline], c.measure, no_gain)
-            claims.append({"claim": c, "interval": iv, "verdict": verdict(iv, c.kind, c.value)})
     return {"metric": metric, "targets": targets, "no_gain_seeds": no_gain, "starts": starts,
             "plateaus": plateaus,
             "target_fraction": target_fraction, "ps_warmup": ps_warmup, "horizons": horizons,
             "per_seed": per_seed, "methods": {m: summarise(x) for m, x in per_seed.items()},
-            "comparisons": comparisons, "claims": claims}
+            "comparisons": comparisons, "claims": judge_claims(per_seed, no_gain)}
+
+
+def judge_claims(per_seed: dict[str, dict[int, dict]], no_gain) -> list[dict]:
+    """Every claim whose method and baseline ran: its paired interval, its two one-sided p-values, Holm-
+    adjusted over all the claims' tests together (``stats`` module docstring), its premise probe, and
+    its verdict."""
+    rows = []
+    for c in CLAIMS:
+        if c.method in per_seed and c.baseline in per_seed:
+            iv = compare(per_seed[c.method], per_seed[c.baseline], c.measure, no_gain)
+            probes = {s: x["probes"] for s, x in per_seed.get(c.premise_run, {}).items()}
+            grpo = {s: x["probes"] for s, x in per_seed.get("grpo", {}).items()}
+            rows.append({"claim": c, "interval": iv, "p": claim_p_values(iv, c.kind, c.value),
+                         "premise": premise(c.premise if probes else None, probes, grpo)})
+    adjusted = holm([p for r in rows for p in r["p"]]).reshape(-1, 2) if rows else []
+    for r, (support, against) in zip(rows, adjusted):
+        c = r["claim"]
+        r["p_adjusted"] = (float(support), float(against))
+        r["verdict"] = verdict(r["interval"], c.kind, c.value, support, against, r["premise"]["met"] is not False)
+    return rows
