@@ -177,10 +177,10 @@ def rollout_metrics(allocator: Allocator, rollouts: StepRollouts, backend: Rollo
         "replay_groups": sum(g.prefix is not None for g in r.groups),
         "pass_rate_hist": hist.tolist(),
         # Premise probes: which prompts were opened (selection learns from revisits), out of how many,
-        # and how many prompts Pilot-Commit has evicted so far.
+        # and how many prompts Pilot-Commit has evicted so far (a scripted allocator may know neither).
         "prompts_opened": [int(p) for p in rollouts.opened],
-        "train_prompts": allocator.num_prompts,
-        "evicted_total": int(np.sum(np.asarray(rollouts.state.evicted))),
+        "train_prompts": getattr(allocator, "num_prompts", None),
+        "evicted_total": int(np.sum(np.asarray(getattr(rollouts.state, "evicted", 0)))),
     }
     if rollouts.prefill:
         p, c = rollouts.prefill["prefill_tokens"], rollouts.prefill["context_tokens"]
