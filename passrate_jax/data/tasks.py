@@ -57,6 +57,7 @@ import hashlib
 import random
 from collections.abc import Callable
 
+from passrate_jax.data import repair
 from passrate_jax.data.verifiers import column_count, verify_arithmetic, verify_countdown, verify_worked
 
 SPLITS = ("train", "heldout")
@@ -407,8 +408,19 @@ def columns_task(heldout_fraction: float = 0.1) -> Task:
     return dataclasses.replace(arithmetic_task(COLUMN_LEVELS, heldout_fraction), name="columns")
 
 
+# The testbed's levels (configs/testbed.yaml): 1- to 4-digit addition, so answers run 1 to 4 columns.
+REPAIR_LEVELS = (ArithmeticLevel(1), ArithmeticLevel(2, min_carries=1), ArithmeticLevel(3, min_carries=1),
+                 ArithmeticLevel(4, min_carries=2))
+
+
+def repair_task(heldout_fraction: float = 0.1) -> Task:
+    """Column addition whose answers may slip and repair a column (passrate_jax/data/repair.py)."""
+    return Task("repair", REPAIR_LEVELS, functools.partial(_draw_arithmetic, task="repair"), _arithmetic_split_key,
+                repair.solution, repair.verify, repair.length_bound, heldout_fraction)
+
+
 TASKS: dict[str, Task] = {"arithmetic": arithmetic_task(), "countdown": countdown_task(), "columns": columns_task(),
-                          "worked": worked_task()}
+                          "worked": worked_task(), "repair": repair_task()}
 
 
 def task_with_levels(name: str, max_level: int = 0, min_level: int = 1) -> Task:
