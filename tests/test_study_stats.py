@@ -190,3 +190,30 @@ def test_replay_histogram_of_a_step_counts_complete_re_rollout_groups():
     table.add(reqs, [True] * 4, scores)
     ro = StepRollouts(result=None, state=None, table=table, replay_buckets={10: 0, 11: 0, 13: 0})
     assert _replay_histograms(ro, n) == {"ps/replay_hist/1": [0, 1, 0, 0, 1]}
+
+
+def _eval_run(accuracies, se=0.01, every=5):
+    """Synthetic records: an evaluation every ``every`` steps with these accuracies (step 0 first)."""
+    records = [{"step": 0, "rollouts_total": 0, "eval_sampled_accuracy": accuracies[0], "eval_accuracy": 0.0,
+                "eval_sampled_accuracy_se": se}]
+    for t in range(1, every * (len(accuracies) - 1) + 1):
+        r = {"step": t, "rollouts_total": 100 * t, "valid_groups": 4, "time/step_s": 1.0, "rollouts_step": 100}
+        if t % every == 0:
+            r.update(eval_sampled_accuracy=accuracies[t // every], eval_accuracy=0.0, eval_sampled_accuracy_se=se)
+        records.append(r)
+    return records
+
+
+def test_steps_to_grpos_peak_and_whether_grpo_plateaued():
+    runs = {"grpo": {0: _eval_run([0.3, 0.5, 0.62, 0.6, 0.61]), 1: _eval_run([0.3, 0.4, 0.5, 0.6, 0.7])},
+            "ds": {0: _eval_run([0.3, 0.62, 0.62, 0.62, 0.62]), 1: _eval_run([0.3, 0.5, 0.6, 0.65, 0.68])}}
+    a = analyse(runs)
+    assert a["peaks"] == {0: 0.62, 1: 0.7}
+    # Seed 0's last three evaluations span 0.02, more than their standard error 0.01: not yet a plateau.
+    assert a["grpo_plateau_reached"] == {0: False, 1: False}
+    ds, grpo = a["per_seed"]["ds"], a["per_seed"]["grpo"]
+    assert grpo[0]["steps_to_peak"] == (10.0, True) and ds[0]["steps_to_peak"] == (5.0, True)
+    assert ds[1]["steps_to_peak"] == (20.0, False)  # never reaches 0.7: censored at its last evaluation
+    assert analyse({"grpo": {0: _eval_run([0.3, 0.5, 0.62, 0.6, 0.61], se=0.025)}})["grpo_plateau_reached"] == {0: True}
+    no_se = [{k: v for k, v in r.items() if not k.endswith("_se")} for r in _eval_run([0.3, 0.5, 0.6, 0.6, 0.6])]
+    assert analyse({"grpo": {0: no_se}})["grpo_plateau_reached"] == {0: None}

@@ -103,8 +103,10 @@ def plot(analysis: dict, path: str) -> str:
 
 def _setup(plan, analysis, command) -> list[str]:
     seeds = sorted(analysis["targets"])
+    flat = {True: "reached", False: "**still moving**", None: "not measured"}
     targets = ", ".join(f"seed {s}: {analysis['targets'][s]:.4f} (warm start {analysis['starts'][s]:.4f}, GRPO "
-                        f"plateau {analysis['plateaus'][s]:.4f}, H = {analysis['horizons'][s]:.0f})" for s in seeds)
+                        f"plateau {analysis['plateaus'][s]:.4f}, {flat[analysis['grpo_plateau_reached'][s]]}; peak "
+                        f"{analysis['peaks'][s]:.4f}; H = {analysis['horizons'][s]:.0f})" for s in seeds)
     compared = ("every allocation method" if set(DEFAULT_METHODS) <= set(plan.methods)
                 else "; ".join(_label(m) for m in plan.methods))
     lines = [
@@ -117,7 +119,10 @@ def _setup(plan, analysis, command) -> list[str]:
         "update), and differs only in its allocation overrides (`passrate_jax/study/methods.py`).", "",
         f"**Accuracy**: held-out `{analysis['metric']}`. **Target** per seed: the warm start's accuracy plus "
         f"{analysis['target_fraction']:.0%} of that seed's GRPO gain to its plateau (mean of its last "
-        f"{PLATEAU_EVALS} evaluations after step 0): {targets}. A run reaches the target at its first "
+        f"{PLATEAU_EVALS} evaluations after step 0; *reached* when they lie within one standard error of each "
+        f"other, else GRPO was still learning and the target is an early one), and GRPO's **peak** (its highest "
+        f"evaluation after step 0, the PS paper's yardstick for steps to the baseline's peak): {targets}. "
+        "A run reaches the target at its first "
         "evaluation after step 0 at or above it. A run that never reaches it is **censored**, never dropped: "
         "per method the to-target columns are Kaplan-Meier medians over seeds (`> x` when the median is not "
         "reached: the runs needed more than they spent); against a baseline, a seed whose method run missed "
@@ -145,14 +150,14 @@ def _setup(plan, analysis, command) -> list[str]:
 def _method_table(plan, analysis) -> list[str]:
     ms = analysis["methods"]
     lines = ["## Per method", "",
-             "| method | reached | rollouts to target (KM median) | steps to target (KM median) | final accuracy | "
-             "mean accuracy over H | valid groups / step | rollouts / valid group | useful-rollout fraction | "
-             "rollouts total | wall s |", "| --- |" + " --- |" * 10]
+             "| method | reached | rollouts to target (KM median) | steps to target (KM median) | steps to GRPO's "
+             "peak (KM median) | final accuracy | mean accuracy over H | valid groups / step | rollouts / valid "
+             "group | useful-rollout fraction | rollouts total | wall s |", "| --- |" + " --- |" * 11]
     for m in [m for m in plan.methods if m in ms]:
         s = ms[m]
         lines.append(
             f"| {_label(m)} | {s['rollouts_to_target']['reached']}/{len(s['seeds'])} | "
-            f"{_median(s['rollouts_to_target'])} | {_median(s['steps_to_target'])} | "
+            f"{_median(s['rollouts_to_target'])} | {_median(s['steps_to_target'])} | {_median(s['steps_to_peak'])} | "
             f"{_spread(s['final_accuracy'], 3)} | {_spread(s['mean_accuracy'], 3)} | "
             f"{_spread(s['valid_groups_per_step'], 1)} | {_spread(s['rollouts_per_valid_group'], 1)} | "
             f"{_spread(s['useful_fraction'], 3)} | {_spread(s['rollouts_total'])} | {_spread(s['wall_seconds'])} |")
@@ -166,11 +171,12 @@ def _comparison_tables(plan, analysis) -> list[str]:
         if not rows:
             continue
         lines += [f"## Against {_label(b)} (paired over seeds)", "",
-                  "| method | rollouts to target × | steps to target × | rollouts / valid group × | "
-                  "valid groups / step × | final accuracy − | mean accuracy over H − |", "| --- |" + " --- |" * 6]
+                  "| method | rollouts to target × | steps to target × | steps to GRPO's peak × | rollouts / valid "
+                  "group × | valid groups / step × | final accuracy − | mean accuracy over H − |",
+                  "| --- |" + " --- |" * 7]
         for m in rows:
             c = analysis["comparisons"][(m, b)]
-            cells = [fmt_interval(c[k], 2) for k in ("rollouts_to_target", "steps_to_target",
+            cells = [fmt_interval(c[k], 2) for k in ("rollouts_to_target", "steps_to_target", "steps_to_peak",
                                                      "rollouts_per_valid_group", "valid_groups_per_step")]
             cells += [fmt_interval(c[k], 3) for k in ("final_accuracy", "mean_accuracy")]
             lines.append(f"| {_label(m)} | " + " | ".join(cells) + " |")
