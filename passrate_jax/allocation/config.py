@@ -38,7 +38,16 @@ class SaraConfig:
 
 @dataclasses.dataclass(frozen=True)
 class PilotCommitConfig:
-    """Pilot-Commit."""
+    """Pilot-Commit. ``mode``: fill (the released code's loop: pilot and commit in rounds until B groups
+    are committed) or budgeted (the paper's framing: a fixed per-step budget, ``pilot_budget_fraction``
+    of it piloting in the first round, the rest committed to the highest-variance pilots; see
+    docs/design.md 2.3)."""
+    mode: Literal["fill", "budgeted"] = option(
+        "fill", doc="fill: pilot and commit in rounds until B groups are committed (the released code); budgeted: "
+                    "spend at most allocation.budget (default B * N) a step, pilot_budget_fraction of it on a "
+                    "first-round pilot stage, the rest on commits (the paper)")
+    pilot_budget_fraction: float = option(0.5, gt=0, lt=1, doc="budgeted mode: share of the step budget spent "
+                                                               "on the first round's pilots")
     pilot_pool_ratio: int = option(3, ge=1)
     pilot_fraction: float = option(0.25, gt=0, lt=1, doc="n_p = round(pilot_fraction * N)")
     p_low: float = option(0.125, ge=0, le=1)
@@ -65,9 +74,9 @@ class AllocationConfig:
     method: Literal["uniform", "ds", "sara", "pilot_commit"] = option("uniform")
     num_prompts: int = option(8, ge=1, doc="B: groups trained per step")
     group_size: int = option(8, ge=2, doc="N: rollouts per group")
-    budget: int | None = option(None, ge=1, doc="rollout budget per step; None: B * N for uniform and "
-                                 "fixed-budget SARA, gen_batch_multiple * max_gen_batches * B * N for SARA fill, "
-                                 "unbounded for DS and Pilot-Commit (their round limits bound them)")
+    budget: int | None = option(None, ge=1, doc="rollout budget per step; None: B * N for uniform, "
+                                 "fixed-budget SARA and budgeted Pilot-Commit, gen_batch_multiple * max_gen_batches * B * N for SARA fill, "
+                                 "unbounded for DS and fill Pilot-Commit (their round limits bound them)")
     ds: DSConfig = section(DSConfig)
     sara: SaraConfig = section(SaraConfig)
     pilot_commit: PilotCommitConfig = section(PilotCommitConfig)
@@ -82,6 +91,12 @@ class AllocationConfig:
                     f"pilot_commit.pilot_fraction = {pc.pilot_fraction}: with group_size = {self.group_size} the "
                     f"pilot has {n_p} rollout(s) and no pilot pass rate lies in [p_low, 1 - p_high] = "
                     f"[{pc.p_low}, {1 - pc.p_high}], so nothing would ever be committed")
+            budget = self.budget if self.budget is not None else self.num_prompts * self.group_size
+            if pc.mode == "budgeted" and int(pc.pilot_budget_fraction * budget) < n_p:
+                raise ConfigError(
+                    f"pilot_commit.pilot_budget_fraction = {pc.pilot_budget_fraction}: of a step budget of {budget} "
+                    f"rollouts it leaves {int(pc.pilot_budget_fraction * budget)} for pilots of {n_p} rollouts each, "
+                    f"so no pilot would run; raise it or allocation.budget")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -272,12 +272,19 @@ class Sara:
 
 @dataclasses.dataclass(frozen=True)
 class PilotCommit:
-    """Pilot-Commit: pilot pilot_pool_ratio prompts per missing group with n_p rollouts, keep those in the
-    pass-rate band in a buffer, commit the best buffered pilots (n_c = N - n_p more rollouts)."""
+    """Pilot-Commit: pilot fresh prompts with n_p rollouts, keep those in the pass-rate band in a buffer,
+    commit the best buffered pilots (highest pilot variance first; n_c = N - n_p more rollouts).
+
+    fill mode (the released code): each round commits into the missing slots, then pilots
+    pilot_pool_ratio prompts per slot still missing, until B groups are committed (round limit).
+    budgeted mode (the paper): the step spends at most its budget (default B * N). The first round is the
+    pilot stage, pilot_budget_fraction of the budget (so this step's pilots are ranked together before
+    any commit); later rounds commit from the buffer into the missing slots and, with what the budget
+    has left, pilot further prompts only as many as it could also commit."""
     trains_saturated: bool = False
 
     def default_budget(self, cfg):
-        return UNBOUNDED
+        return cfg.num_prompts * cfg.group_size if cfg.pilot_commit.mode == "budgeted" else UNBOUNDED
 
     def capacity(self, setup):
         # Trained plus committed groups never exceed B; a round's pilots on top (each is closed once decided).
@@ -286,19 +293,33 @@ class PilotCommit:
     def max_rounds(self, cfg):
         return cfg.pilot_commit.max_rounds
 
+    def max_open(self, setup):
+        pcfg = setup.cfg.pilot_commit
+        fill = pcfg.pilot_pool_ratio * setup.B
+        if pcfg.mode != "budgeted":
+            return fill
+        # The pilot stage's size at the largest budget, within the buffer's room (2 * ratio * B, allocator.py).
+        stage = int(pcfg.pilot_budget_fraction * setup.max_budget) // pc.pilot_size(pcfg, setup.N)
+        return min(max(fill, stage), 2 * fill)
+
     def plan(self, setup, knobs, state, t):
         pcfg, n = setup.cfg.pilot_commit, setup.N
         n_p = pc.pilot_size(pcfg, n)
-        want = slots(setup, t)
-        buf = state.pilot_buffer
-        k_commit = jnp.minimum(want, afford(budget_left(knobs, t), n - n_p))
+        want, buf = slots(setup, t), state.pilot_buffer
+        budgeted = pcfg.mode == "budgeted"
+        stage = budgeted & (t.rounds == 0)  # the pilot stage commits nothing: its pilots are ranked first
+        k_commit = jnp.where(stage, 0, jnp.minimum(want, afford(budget_left(knobs, t), n - n_p)))
         t, buf, _, ok = take_rows(t, buf, k_commit, pilot_priority(buf), CONFIRMED, lambda held: n - held)
         shortfall = want - jnp.sum(ok).astype(jnp.int32)
-        k_pilot = jnp.minimum(pcfg.pilot_pool_ratio * shortfall, afford(budget_left(knobs, t), n_p))
+        if budgeted:
+            share = jnp.floor(pcfg.pilot_budget_fraction * knobs.budget.astype(jnp.float32)).astype(jnp.int32)
+            first = jnp.minimum(share // n_p, afford(budget_left(knobs, t), n_p))
+            # After the stage a pilot is opened only if the budget could also pay its commit.
+            later = jnp.minimum(pcfg.pilot_pool_ratio * shortfall, afford(budget_left(knobs, t), n))
+            k_pilot = jnp.minimum(jnp.where(stage, first, later), self.max_open(setup))
+        else:
+            k_pilot = jnp.minimum(pcfg.pilot_pool_ratio * shortfall, afford(budget_left(knobs, t), n_p))
         return state.replace(pilot_buffer=buf), t, Opening.of(k_pilot, ACTIVE, n_p, pilot=True)
-
-    def max_open(self, setup):
-        return setup.cfg.pilot_commit.pilot_pool_ratio * setup.B
 
     def decide(self, setup, knobs, state, t, fresh, completed):
         rows = fresh & (t.status == ACTIVE) & t.pilot

@@ -56,6 +56,9 @@ import functools
 import random
 from collections.abc import Callable
 
+from passrate_jax.data import repair
+from passrate_jax.data.countdown import (COUNTDOWN_LEVELS, CountdownLevel, countdown_length, countdown_solution,
+                                         draw_countdown)
 from passrate_jax.data.problem import ID_MASK, Problem, hash_int, make_problem
 from passrate_jax.data.verifiers import column_count, verify_arithmetic, verify_countdown, verify_worked
 
@@ -208,76 +211,6 @@ def _worked_length(spec: ArithmeticLevel) -> tuple[int, int]:
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Countdown
-# ----------------------------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class CountdownLevel:
-    """``numbers`` given numbers in [1, max_number]; the generating solution combines ``operations + 1``
-    of them (the rest are distractors) with ``operations`` operations into a target in [1, max_target]
-    that is not itself a given number; every intermediate result is in [1, max_value] and differs
-    from its operands (no ``x*1``)."""
-    numbers: int
-    operations: int
-    max_number: int = 10
-    max_target: int = 100
-    max_value: int = 999
-
-    def __post_init__(self):
-        if not 2 <= self.numbers <= 6:
-            raise ValueError(f"numbers = {self.numbers}: must be in [2, 6]")
-        if not 1 <= self.operations < self.numbers:
-            raise ValueError(f"operations = {self.operations}: must be in [1, numbers - 1]")
-        if not 2 <= self.max_number <= self.max_value or not 2 <= self.max_target <= self.max_value:
-            raise ValueError(f"max_number = {self.max_number}, max_target = {self.max_target}: "
-                             f"must be in [2, max_value = {self.max_value}]")
-
-
-COUNTDOWN_LEVELS = (
-    CountdownLevel(3, 1),
-    CountdownLevel(3, 2),
-    CountdownLevel(4, 2, max_number=12),
-    CountdownLevel(4, 3, max_number=12),
-)
-
-
-def _draw_countdown(rng: random.Random, spec: CountdownLevel, level: int) -> Problem | None:
-    given = [rng.randint(1, spec.max_number) for _ in range(spec.numbers)]
-    pool = given[: spec.operations + 1]  # given is random, so its head is a random subset
-    solution = []
-    for _ in range(spec.operations):
-        i, j = rng.sample(range(len(pool)), 2)
-        a, b = pool[i], pool[j]
-        op = rng.choice("+-*")
-        if op == "-" and a < b:
-            a, b = b, a
-        c = a + b if op == "+" else a - b if op == "-" else a * b
-        if not 1 <= c <= spec.max_value or c in (a, b):
-            return None
-        pool = [x for k, x in enumerate(pool) if k not in (i, j)] + [c]
-        solution.append((a, op, b, c))
-    target = pool[0]
-    if target > spec.max_target or target in given:
-        return None
-    numbers = tuple(sorted(given))
-    prompt = " ".join(map(str, numbers)) + f" -> {target}\n"
-    return make_problem("countdown", prompt, answer=str(target), level=level, numbers=numbers, target=target,
-                    solution=tuple(solution))
-
-
-def _countdown_solution(problem: Problem) -> str:
-    lines = [f"{a}{op}{b}={c}" for a, op, b, c in problem.solution]
-    return "\n".join(lines + [f"=> {problem.answer}"])
-
-
-def _countdown_length(spec: CountdownLevel) -> tuple[int, int]:
-    number, target, value = (len(str(x)) for x in (spec.max_number, spec.max_target, spec.max_value))
-    prompt = spec.numbers * (number + 1) + len("-> ") + target + 1
-    return prompt, spec.operations * (3 * value + 3) + len("=> ") + target
-
-
-# ----------------------------------------------------------------------------------------------------------
 # The task record and registry
 # ----------------------------------------------------------------------------------------------------------
 
@@ -360,8 +293,8 @@ def worked_task(levels: tuple[ArithmeticLevel, ...] = ARITHMETIC_LEVELS, heldout
 
 def countdown_task(levels: tuple[CountdownLevel, ...] = COUNTDOWN_LEVELS, heldout_fraction: float = 0.1) -> Task:
     """Reach a target from given numbers with + - *, one operation per line (see the module docstring)."""
-    return Task("countdown", tuple(levels), _draw_countdown, lambda p: p.prompt, _countdown_solution,
-                verify_countdown, _countdown_length, heldout_fraction)
+    return Task("countdown", tuple(levels), draw_countdown, lambda p: p.prompt, countdown_solution,
+                verify_countdown, countdown_length, heldout_fraction)
 
 
 def columns_task(heldout_fraction: float = 0.1) -> Task:
@@ -370,8 +303,19 @@ def columns_task(heldout_fraction: float = 0.1) -> Task:
     return dataclasses.replace(arithmetic_task(COLUMN_LEVELS, heldout_fraction), name="columns")
 
 
+# The testbed's levels (configs/testbed.yaml): 1- to 4-digit addition, so answers run 1 to 4 columns.
+REPAIR_LEVELS = (ArithmeticLevel(1), ArithmeticLevel(2, min_carries=1), ArithmeticLevel(3, min_carries=1),
+                 ArithmeticLevel(4, min_carries=2))
+
+
+def repair_task(heldout_fraction: float = 0.1) -> Task:
+    """Column addition whose answers may slip and repair a column (passrate_jax/data/repair.py)."""
+    return Task("repair", REPAIR_LEVELS, functools.partial(_draw_arithmetic, task="repair"), _arithmetic_split_key,
+                repair.solution, repair.verify, repair.length_bound, heldout_fraction)
+
+
 TASKS: dict[str, Task] = {"arithmetic": arithmetic_task(), "countdown": countdown_task(), "columns": columns_task(),
-                          "worked": worked_task()}
+                          "worked": worked_task(), "repair": repair_task()}
 
 
 def task_with_levels(name: str, max_level: int = 0, min_level: int = 1) -> Task:

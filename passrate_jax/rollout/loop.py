@@ -109,6 +109,10 @@ class StepRollouts:
     state: AllocatorState
     table: RolloutTable
     prefill: dict[str, int] = dataclasses.field(default_factory=dict)
+    # The study's premise probes (passrate_jax/study/probes.py): prompts opened fresh this step, and the
+    # PS bucket of each re-rollout group (by group key).
+    opened: list[int] = dataclasses.field(default_factory=list)
+    replay_buckets: dict[int, int] = dataclasses.field(default_factory=dict)
 
 
 def collect_rollouts(allocator: Allocator, state: AllocatorState, backend: RolloutBackend, params, *,
@@ -117,10 +121,12 @@ def collect_rollouts(allocator: Allocator, state: AllocatorState, backend: Rollo
     to the allocator as not observed (its rollouts count as spent, nothing is learned from them) and its
     group is left out of the update."""
     run = allocator.start_step(state)
-    table = RolloutTable()
+    table, opened, replay_buckets = RolloutTable(), [], {}
     backend.open_step(params)
     try:
         while requests := run.requests():
+            opened += [r.prompt_id for r in requests if r.prefix is None and r.first_index == 0]
+            replay_buckets.update((r.group_key, r.prefix.bucket) for r in requests if r.prefix is not None)
             contexts = backend.contexts(requests)
             observed = [c is not None for c in contexts]
             live = [r for r, seen in zip(requests, observed) if seen]
@@ -133,7 +139,7 @@ def collect_rollouts(allocator: Allocator, state: AllocatorState, backend: Rollo
     result, new_state = run.finish()
     if unobserved := table.unobserved_groups():
         result = dataclasses.replace(result, groups=[g for g in result.groups if g.group_key not in unobserved])
-    return StepRollouts(result, new_state, table, prefill)
+    return StepRollouts(result, new_state, table, prefill, opened, replay_buckets)
 
 
 def rollout_metrics(allocator: Allocator, rollouts: StepRollouts, backend: RolloutBackend) -> dict:
@@ -167,6 +173,11 @@ def rollout_metrics(allocator: Allocator, rollouts: StepRollouts, backend: Rollo
         "verifier_errors": int(table["verifier_error"][seen].sum()),
         "replay_groups": sum(g.prefix is not None for g in r.groups),
         "pass_rate_hist": hist.tolist(),
+        # Premise probes: which prompts were opened (selection learns from revisits), out of how many,
+        # and how many prompts Pilot-Commit has evicted so far (a scripted allocator may know neither).
+        "prompts_opened": [int(p) for p in rollouts.opened],
+        "train_prompts": getattr(allocator, "num_prompts", None),
+        "evicted_total": int(np.sum(np.asarray(getattr(rollouts.state, "evicted", 0)))),
     }
     if rollouts.prefill:
         p, c = rollouts.prefill["prefill_tokens"], rollouts.prefill["context_tokens"]
@@ -179,4 +190,22 @@ def rollout_metrics(allocator: Allocator, rollouts: StepRollouts, backend: Rollo
             m[f"ps/ema/{s}"] = float(ema[b])
             if r.replay_rollouts[b] > 0:
                 m[f"ps/pass_rate/{s}"] = float(r.replay_successes[b] / r.replay_rollouts[b])
+        m.update(_replay_histograms(rollouts, n))
     return {**m, **backend.metrics(table)}
+
+
+def _replay_histograms(rollouts: StepRollouts, n: int) -> dict:
+    """Per PS bucket (named by its success count), ``ps/replay_hist/<s>``: how many of the step's complete
+    re-rollout groups had 0..N successes. PS assumes a replayed prefix *shifts* a group's pass rate toward
+    0.5, so most such groups are mixed; a prefix that *decides* the outcome gives all-0 and all-N groups
+    whose pooled pass rate can still be 0.5 (the study's premise probe reads this)."""
+    table = rollouts.table
+    seen = table["observed"].astype(bool)
+    keys, rewards = table["group_key"], table["reward"]
+    hists: dict[int, np.ndarray] = {}
+    for key, b in rollouts.replay_buckets.items():
+        rows = (keys == key) & seen
+        if rows.sum() == n:
+            hists.setdefault(b, np.zeros(n + 1, int))[int(rewards[rows].sum())] += 1
+    labels = bucket_successes(n)
+    return {f"ps/replay_hist/{labels[b]}": h.tolist() for b, h in sorted(hists.items())}

@@ -32,9 +32,10 @@ class DataConfig:
     source: Literal["builtin", "jsonl", "parquet", "tfds", "env"] = option(
         "builtin", doc="builtin: procedural task; jsonl/parquet: local file at path; tfds: array_record TFDS dataset; "
                        "env: multi-turn environment data.env (sampling.max_new_tokens is then per assistant turn)")
-    task: Literal["arithmetic", "countdown", "columns", "worked"] = option(
+    task: Literal["arithmetic", "countdown", "columns", "worked", "repair"] = option(
         "arithmetic", doc="built-in task (source builtin); columns: longer 2- to 5-digit column arithmetic; "
-                          "worked: arithmetic's problems with the problem copied and the equation checked")
+                          "worked: arithmetic's problems with the problem copied and the equation checked; "
+                          "repair: column addition whose slips are redone (the testbed, configs/testbed.yaml)")
     env: str = option("calculator", doc="multi-turn environment (source env): calculator, files, or your own "
                                         "class 'path/to/file.py:ClassName' / 'package.module:ClassName' "
                                         "(protocol: passrate_jax/envs/base.py)")

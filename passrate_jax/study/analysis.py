@@ -24,8 +24,9 @@ import numpy as np
 
 from passrate_jax.run.metrics import read_jsonl
 from passrate_jax.study.methods import BASELINES, CLAIMS
-from passrate_jax.study.stats import (factor_interval, first_reach, km_median, log_factor_bounds, mean_over,
-                                      paired_bootstrap, verdict)
+from passrate_jax.study.probes import premise, seed_probes
+from passrate_jax.study.stats import (claim_p_values, factor_interval, first_reach, holm, km_median, log_factor_bounds,
+                                      mean_over, paired_interval, verdict)
 
 PLATEAU_EVALS = 3
 TARGET_FRACTION = 0.8
@@ -34,7 +35,9 @@ METRICS = ("eval_sampled_accuracy", "eval_accuracy")
 
 # measure -> how it is compared: a cost to the target (censored), a cost or a benefit (factor), or a
 # difference in accuracy (method - baseline).
-CENSORED = ("rollouts_to_target", "steps_to_target", "seconds_to_target")
+# "peak": the first evaluation at or above the highest evaluation of the seed's GRPO run after step 0 (the
+# PS paper's "steps to the baseline's peak"; GRPO itself reaches it at its peak).
+CENSORED = ("rollouts_to_target", "steps_to_target", "seconds_to_target", "rollouts_to_peak", "steps_to_peak")
 COSTS = ("rollouts_per_valid_group",)
 BENEFITS = ("valid_groups_per_step",)
 DIFFERENCES = ("final_accuracy", "mean_accuracy")
@@ -73,13 +76,25 @@ def choose_metric(runs) -> str:
     raise RuntimeError("some run has fewer than two held-out evaluations: nothing to measure")
 
 
+def plateau_reached(records: list[dict], metric: str) -> bool | None:
+    """Whether a run's last ``PLATEAU_EVALS`` evaluations after step 0 lie within one standard error of
+    each other (the largest of their ``<metric>_se``): a real plateau, so "steps to the baseline's peak"
+    measures something. None when the run has too few evaluations or logs no standard error."""
+    evals = [r for r in records if r.get("step", 0) >= 1 and isinstance(r.get(metric), (int, float))]
+    last = evals[-PLATEAU_EVALS:]
+    if len(last) < PLATEAU_EVALS or not all(isinstance(r.get(f"{metric}_se"), (int, float)) for r in last):
+        return None
+    values = [r[metric] for r in last]
+    return bool(max(values) - min(values) <= max(r[f"{metric}_se"] for r in last))
+
+
 def _mean(values) -> float:
     v = [x for x in values if isinstance(x, (int, float)) and x == x]
     return float(np.mean(v)) if v else float("nan")
 
 
-def seed_measures(records: list[dict], metric: str, target: float, ps_warmup: int) -> dict:
-    """Every per-seed measure of one run (the to-target ones as (value, observed))."""
+def seed_measures(records: list[dict], metric: str, target: float, ps_warmup: int, peak: float = float("inf")) -> dict:
+    """Every per-seed measure of one run (the to-target and to-peak ones as (value, observed))."""
     c = eval_curve(records, metric)
     steps = [r for r in records if r.get("step", 0) >= 1]
     valid_total = sum(r.get("valid_groups", 0) for r in steps)
@@ -90,6 +105,8 @@ def seed_measures(records: list[dict], metric: str, target: float, ps_warmup: in
         "rollouts_to_target": first_reach(c["rollouts"], c["accuracy"], target),
         "steps_to_target": first_reach(c["step"], c["accuracy"], target),
         "seconds_to_target": first_reach(c["seconds"], c["accuracy"], target),
+        "rollouts_to_peak": first_reach(c["rollouts"], c["accuracy"], peak),
+        "steps_to_peak": first_reach(c["step"], c["accuracy"], peak),
         "start_accuracy": float(c["accuracy"][0]),
         "final_accuracy": float(c["accuracy"][-1]),
         "valid_groups_per_step": _mean([r.get("valid_groups") for r in steps]),
@@ -99,6 +116,7 @@ def seed_measures(records: list[dict], metric: str, target: float, ps_warmup: in
         "wall_seconds": float(sum(r.get("time/step_s", 0.0) for r in steps)),
         "ps_pass_rate": {b: _mean([r.get(f"ps/pass_rate/{b}") for r in steps if r["step"] > ps_warmup])
                          for b in buckets},
+        "probes": seed_probes(records, ps_warmup),
     }
 
 
@@ -143,7 +161,7 @@ def compare(method: dict[int, dict], base: dict[int, dict], measure: str, no_gai
         r["censored_seeds"] = 0
     else:
         d = [method[s][measure] - base[s][measure] for s in seeds]
-        r = paired_bootstrap(d, d)
+        r = paired_interval(d, d)
         r["censored_seeds"] = 0
     return {**r, "kind": "difference" if measure in DIFFERENCES else "factor", "seeds": seeds}
 
@@ -164,7 +182,9 @@ def analyse(runs: dict[str, dict[int, list[dict]]], *, target_fraction: float = 
     # The plateau never counts the warm start's own evaluation (a short run may have only 3 evaluations).
     plateaus = {s: float(a[1:][-PLATEAU_EVALS:].mean()) if len(a) > 1 else float(a[0]) for s, a in grpo.items()}
     targets = {s: starts[s] + target_fraction * (plateaus[s] - starts[s]) for s in base}
-    per_seed = {m: {s: seed_measures(r, metric, targets[s], ps_warmup) for s, r in by_seed.items() if s in targets}
+    peaks = {s: float(a[1:].max()) if len(a) > 1 else float(a[0]) for s, a in grpo.items()}
+    per_seed = {m: {s: seed_measures(r, metric, targets[s], ps_warmup, peaks[s]) for s, r in by_seed.items()
+                    if s in targets}
                 for m, by_seed in runs.items()}
     horizons = {s: min(ms[s]["curve"]["rollouts"][-1] for ms in per_seed.values() if s in ms) for s in targets}
     for ms in per_seed.values():
@@ -175,13 +195,29 @@ def analyse(runs: dict[str, dict[int, list[dict]]], *, target_fraction: float = 
     no_gain = sorted(s for s in targets if plateaus[s] <= starts[s])
     comparisons = {(m, b): {measure: compare(per_seed[m], per_seed[b], measure, no_gain) for measure in COMPARED}
                    for m in per_seed for b in BASELINES if b in per_seed and b != m}
-    claims = []
-    for c in CLAIMS:
-        if c.method in per_seed and c.baseline in per_seed:
-            iv = compare(per_seed[c.method], per_seed[c.baseline], c.measure, no_gain)
-            claims.append({"claim": c, "interval": iv, "verdict": verdict(iv, c.kind, c.value)})
-    return {"metric": metric, "targets": targets, "no_gain_seeds": no_gain, "starts": starts,
+    return {"metric": metric, "targets": targets, "peaks": peaks, "no_gain_seeds": no_gain, "starts": starts,
+            "grpo_plateau_reached": {s: plateau_reached(r, metric) for s, r in base.items()},
             "plateaus": plateaus,
             "target_fraction": target_fraction, "ps_warmup": ps_warmup, "horizons": horizons,
             "per_seed": per_seed, "methods": {m: summarise(x) for m, x in per_seed.items()},
-            "comparisons": comparisons, "claims": claims}
+            "comparisons": comparisons, "claims": judge_claims(per_seed, no_gain)}
+
+
+def judge_claims(per_seed: dict[str, dict[int, dict]], no_gain) -> list[dict]:
+    """Every claim whose method and baseline ran: its paired interval, its two one-sided p-values, Holm-
+    adjusted over all the claims' tests together (``stats`` module docstring), its premise probe, and
+    its verdict."""
+    rows = []
+    for c in CLAIMS:
+        if c.method in per_seed and c.baseline in per_seed:
+            iv = compare(per_seed[c.method], per_seed[c.baseline], c.measure, no_gain)
+            probes = {s: x["probes"] for s, x in per_seed.get(c.premise_run, {}).items()}
+            grpo = {s: x["probes"] for s, x in per_seed.get("grpo", {}).items()}
+            rows.append({"claim": c, "interval": iv, "p": claim_p_values(iv, c.kind, c.value),
+                         "premise": premise(c.premise if probes else None, probes, grpo)})
+    adjusted = holm([p for r in rows for p in r["p"]]).reshape(-1, 2) if rows else []
+    for r, (support, against) in zip(rows, adjusted):
+        c = r["claim"]
+        r["p_adjusted"] = (float(support), float(against))
+        r["verdict"] = verdict(r["interval"], c.kind, c.value, support, against, r["premise"]["met"] is not False)
+    return rows
