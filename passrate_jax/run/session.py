@@ -11,7 +11,7 @@ import os
 import numpy as np
 from flax import nnx
 
-from passrate_jax.run.config import Config
+from passrate_jax.run.config import Config, check_inputs
 from passrate_jax.configlib import ConfigError
 from passrate_jax.data.formatting import PromptFormat
 from passrate_jax.data.rewards import Rewarder
@@ -69,6 +69,7 @@ class Session:
     def create(cls, cfg: Config, log=print) -> Session:
         """Build the run's stages. The prompt pool is the source's first epoch (its rows in the seeded
         order); the allocator keys its per-prompt state by position in this pool."""
+        check_inputs(cfg)  # the checkpoint and prompt files, each named by its key when missing
         mesh = make_mesh(cfg.mesh)
         tokenizer = load_tokenizer(cfg.model.pretrained)
         if cfg.model.pretrained is None and tokenizer.vocab_size > cfg.model.vocab_size:
