@@ -73,6 +73,14 @@ class WandbTracker:
     def log(self, record: dict) -> None:
         self._run.log(scalars(record), step=int(record["step"]))
 
+    def log_samples(self, rows: list[dict]) -> None:
+        """A step's (prompt, completion, reward) samples as a W&B table (``samples``)."""
+        import wandb
+
+        columns = ["step", "prompt", "completion", "reward"]
+        table = wandb.Table(columns=columns, data=[[r[c] for c in columns] for r in rows])
+        self._run.log({"samples": table}, step=int(rows[0]["step"]))
+
     def close(self) -> None:
         import wandb
 
