@@ -1,13 +1,15 @@
 """What a run's steps looked like, for the person watching it: rewards as scored (mean and standard
 deviation, fractional rewards included), response lengths and truncation, reward errors counted by
-cause, a few (prompt, completion, reward) samples, and the run's totals its summary reports.
+cause, a few (prompt, completion, reward) samples, the run's totals its summary reports, and the
+:class:`Reporter` that sends each step's record to the metrics sinks and the progress bar.
 
 The reward errors of a step are the rewarder's counted failures during that step (a reward function or
 verifier that raised, crashed its worker or returned no number: ``verifier_errors``; one that ran over
 ``data.verify_timeout_s``: ``verifier_timeouts``) plus those the rollout table marks (a verifier call that
-raised in process, an environment's ``reward`` that raised). Summed over the steps of a fresh run they
-equal the rewarder's cumulative ``verifier/verify/error`` and ``verifier/verify/timeout``: one counter
-per cause, the same everywhere.
+raised in process, an environment's ``reward`` that raised). Failures while evaluating are counted apart,
+``eval_verifier_errors`` / ``eval_verifier_timeouts`` in the record of the step that evaluated. Summed
+over a fresh run, training and evaluation counts equal the rewarder's cumulative
+``verifier/verify/error`` and ``verifier/verify/timeout``: one counter per cause, the same everywhere.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import dataclasses
 import numpy as np
 
 from passrate_jax.configlib import UserError
+from passrate_jax.run.config import Config
+from passrate_jax.run.metrics import MetricsWriter
 
 # Per-step record key -> the rewarder counter's kind it counts.
 ERROR_CAUSES = {"verifier_errors": "error", "verifier_timeouts": "timeout"}
@@ -37,19 +41,28 @@ def scorer_name(data_cfg) -> str:
 
 
 class RewardErrors:
-    """Per-step deltas of a rewarder's cumulative failure counter, plus the table's own error marks."""
+    """Reward failures by cause over a stretch of a run (a step's rollouts, an evaluation): deltas of a
+    rewarder's running counter since :meth:`mark`, plus the rollout table's own error marks."""
 
     def __init__(self, counter):
         self.counter = counter
-        self._seen = {kind: counter.counts[kind] for kind in ERROR_CAUSES.values()}
         self._warned = False
+        self.mark()
+
+    def mark(self) -> None:
+        """Start counting here (the start of a step, of an evaluation)."""
+        self._seen = {kind: self.counter.counts[kind] for kind in ERROR_CAUSES.values()}
+
+    def since_mark(self, prefix: str = "") -> dict[str, int]:
+        """Failures by cause since :meth:`mark` (``{prefix}verifier_errors``, ...), and mark again."""
+        out = {f"{prefix}{key}": self.counter.counts[kind] - self._seen[kind] for key, kind in ERROR_CAUSES.items()}
+        self.mark()
+        return out
 
     def step(self, table) -> dict[str, int]:
+        """The step's failures (since the mark at its start) and the answers it scored."""
         seen = table["observed"].astype(bool)
-        out = {"answers_scored": int(seen.sum())}
-        for key, kind in ERROR_CAUSES.items():
-            now = self.counter.counts[kind]
-            out[key], self._seen[kind] = now - self._seen[kind], now
+        out = {"answers_scored": int(seen.sum()), **self.since_mark()}
         out["verifier_errors"] += int(table["verifier_error"][seen].sum())
         return out
 
@@ -168,3 +181,44 @@ class RunTotals:
                          "(reward/mean in metrics.jsonl, samples.jsonl); try easier data, partial credit in "
                          "data.reward_fn, or a warm start")
         return lines
+
+
+class Reporter:
+    """Where a run's records go: ``metrics.jsonl``, TensorBoard and W&B as configured
+    (:class:`MetricsWriter.for_run`, primary host only; records past the checkpoint a run resumes from
+    are dropped) and the progress bar."""
+
+    def __init__(self, cfg: Config, run_dir: str, start: int | None, *, primary: bool, progress: bool):
+        # A start without a checkpoint (start None) drops every record of an attempt killed before
+        # its first checkpoint; a resume drops the records past the checkpoint it resumes from.
+        self.writer = MetricsWriter.for_run(cfg, run_dir, truncate_after=-1 if start is None else start,
+                                            enabled=primary)
+        self.bar = None
+        self.totals = RunTotals()
+        if progress and cfg.logging.progress_bar and primary:
+            from tqdm import tqdm
+            self.bar = tqdm(total=cfg.steps, initial=start or 0, desc="train", unit="step", dynamic_ncols=True)
+
+    def write(self, record: dict) -> None:
+        """One record (step 0: the starting point; then one per step); its ``samples`` rows, if any, go
+        to ``samples.jsonl`` and the trackers instead of the metrics."""
+        samples = record.pop("samples", None)
+        self.writer.write(record)
+        self.writer.write_samples(samples or [])
+        if record["step"] > 0:
+            self.totals.add(record)
+        if self.bar is not None and record["step"] > 0:
+            self.bar.update(1)
+            postfix = {k: f"{record[v]:.2f}" for k, v in PROGRESS_KEYS if v in record and record[v] == record[v]}
+            if self.totals.errors or self.totals.timeouts:  # reward failures in sight while the run goes on
+                postfix["reward_err"] = f"{self.totals.errors + self.totals.timeouts}/{self.totals.answers}"
+            self.bar.set_postfix(postfix, refresh=False)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        self.writer.close()
+
+
+PROGRESS_KEYS = (("acc", "train_accuracy"), ("reward", "reward/mean"), ("valid", "valid_group_fraction"), ("useful", "useful_rollout_fraction"),
+                 ("eval", "eval_accuracy"), ("eval_sampled", "eval_sampled_accuracy"))

@@ -30,9 +30,9 @@ from passrate_jax.run.checkpoint import RunCheckpointer, check_run_dir
 from passrate_jax.run.config import Config, check_inputs, dump_config
 from passrate_jax.configlib import ConfigError, to_dict
 from passrate_jax.rollout.loop import collect_rollouts, rollout_metrics
-from passrate_jax.run.metrics import MetricsWriter, flatten, write_text_atomic
-from passrate_jax.run.observe import (RewardErrors, RunTotals, check_step_scored, groups_with_signal, rollout_stats,
-                                     sample_rows)
+from passrate_jax.run.metrics import flatten, write_text_atomic
+from passrate_jax.run.observe import (Reporter, RewardErrors, check_step_scored, groups_with_signal, rollout_stats,
+                                      sample_rows)
 from passrate_jax.model.lora import has_adapters, reference_params
 from passrate_jax.rl.batch import make_train_batch
 from passrate_jax.rl.optimizer import make_optimizer
@@ -225,47 +225,6 @@ class Checkpoints:
         self.ckpt.close()
 
 
-class Reporter:
-    """Where a run's records go: ``metrics.jsonl``, TensorBoard and W&B as configured
-    (:class:`MetricsWriter.for_run`, primary host only; records past the checkpoint a run resumes from
-    are dropped) and the progress bar."""
-
-    def __init__(self, cfg: Config, run_dir: str, start: int | None, *, primary: bool, progress: bool):
-        # A start without a checkpoint (start None) drops every record of an attempt killed before
-        # its first checkpoint; a resume drops the records past the checkpoint it resumes from.
-        self.writer = MetricsWriter.for_run(cfg, run_dir, truncate_after=-1 if start is None else start,
-                                            enabled=primary)
-        self.bar = None
-        self.totals = RunTotals()
-        if progress and cfg.logging.progress_bar and primary:
-            from tqdm import tqdm
-            self.bar = tqdm(total=cfg.steps, initial=start or 0, desc="train", unit="step", dynamic_ncols=True)
-
-    def write(self, record: dict) -> None:
-        """One record (step 0: the starting point; then one per step); its ``samples`` rows, if any, go
-        to ``samples.jsonl`` and the trackers instead of the metrics."""
-        samples = record.pop("samples", None)
-        self.writer.write(record)
-        self.writer.write_samples(samples or [])
-        if record["step"] > 0:
-            self.totals.add(record)
-        if self.bar is not None and record["step"] > 0:
-            self.bar.update(1)
-            postfix = {k: f"{record[v]:.2f}" for k, v in PROGRESS_KEYS if v in record and record[v] == record[v]}
-            if self.totals.errors or self.totals.timeouts:  # reward failures in sight while the run goes on
-                postfix["reward_err"] = f"{self.totals.errors + self.totals.timeouts}/{self.totals.answers}"
-            self.bar.set_postfix(postfix, refresh=False)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-        self.writer.close()
-
-
-PROGRESS_KEYS = (("acc", "train_accuracy"), ("reward", "reward/mean"), ("valid", "valid_group_fraction"), ("useful", "useful_rollout_fraction"),
-                 ("eval", "eval_accuracy"), ("eval_sampled", "eval_sampled_accuracy"))
-
-
 @dataclasses.dataclass(frozen=True)
 class Stages:
     """A run's stages, built once from the config."""
@@ -340,8 +299,9 @@ def _train(cfg: Config, run_dir: str, closing: contextlib.ExitStack, *, progress
     reporter = Reporter(cfg, run_dir, None if ckpt.resume_from is None else state.step, primary=primary, progress=progress)
     closing.callback(reporter.close)
     if ckpt.resume_from is None:  # step 0: the starting point that training is measured against
+        stages.errors.mark()
         start = start_metrics if start_metrics is not None else eval_metrics(session, state.params, cfg, 0)
-        reporter.write({"step": 0, "rollouts_total": 0, **start})
+        reporter.write({"step": 0, "rollouts_total": 0, **start, **stages.errors.since_mark("eval_")})
     record, t_run = {}, time.perf_counter()
     with _StopRequest() as stop:
         for step in range(state.step + 1, cfg.steps + 1):
@@ -373,6 +333,7 @@ def train_step(s: Stages, state: RunState, step: int) -> tuple[RunState, dict]:
     """One step: allocation rounds, one update on the trained groups, evaluation when due. Returns the
     new state and the step's metrics record."""
     cfg, backend, t0 = s.cfg, s.session.backend, time.perf_counter()
+    s.errors.mark()
     ro = collect_rollouts(s.allocator, state.alloc_state, backend, state.params, seed=_step_seed(cfg.seed, step))
     t1 = time.perf_counter()
     record = {"step": step, **rollout_metrics(s.allocator, ro, backend)}
@@ -398,7 +359,7 @@ def train_step(s: Stages, state: RunState, step: int) -> tuple[RunState, dict]:
     backend.retain(ro.result.retained_keys)
     t2 = time.perf_counter()
     if step % cfg.eval_every == 0 or step == cfg.steps:
-        record.update(eval_metrics(s.session, params, cfg, step))
+        record.update(eval_metrics(s.session, params, cfg, step), **s.errors.since_mark("eval_"))
     record.update({"time/rollout_s": t1 - t0, "time/update_s": t2 - t1, "time/step_s": time.perf_counter() - t0,
                    "compilations/sampler": s.session.sampler.compilations,
                    "compilations/update": _compiled_programs(s.updater.fns.compiled), **s.session.data_metrics()})
