@@ -78,7 +78,8 @@ class Session:
         source = make_source(cfg.data)
         if source.size is None:
             raise ConfigError(f"data.train_size = {cfg.data.train_size}: allocation keeps per-prompt state, so the "
-                              "built-in task needs a finite prompt pool (e.g. data.train_size=2048)")
+                              "built-in task needs a finite prompt pool (e.g. data.train_size=2048); or start from "
+                              "a preset: --config default")
         prompts = source.take(source.size)
         fmt = PromptFormat.from_config(cfg.data)
         prompt_tokens = [fmt.encode(r.prompt, tokenizer) for r in prompts]

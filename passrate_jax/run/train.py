@@ -299,9 +299,8 @@ def _train(cfg: Config, run_dir: str, closing: contextlib.ExitStack, *, progress
     reporter = Reporter(cfg, run_dir, None if ckpt.resume_from is None else state.step, primary=primary, progress=progress)
     closing.callback(reporter.close)
     if ckpt.resume_from is None:  # step 0: the starting point that training is measured against
-        stages.errors.mark()
-        start = start_metrics if start_metrics is not None else eval_metrics(session, state.params, cfg, 0)
-        reporter.write({"step": 0, "rollouts_total": 0, **start, **stages.errors.since_mark("eval_")})
+        start = start_metrics if start_metrics is not None else _evaluate(stages, state.params, 0)
+        reporter.write({"step": 0, "rollouts_total": 0, **start})
     record, t_run = {}, time.perf_counter()
     with _StopRequest() as stop:
         for step in range(state.step + 1, cfg.steps + 1):
@@ -327,6 +326,13 @@ def build_stages(cfg: Config, log) -> Stages:
     updater = Updater(cfg, session)
     return Stages(cfg, session, Allocator(cfg.allocation, cfg.prefix_sampling, num_prompts=len(session.prompts)),
                   updater, log, RewardErrors(session.rewarder.counter))
+
+
+def _evaluate(s: Stages, params, step: int) -> dict:
+    """:func:`eval_metrics` with the reward failures of the evaluation (``eval_verifier_errors``, ...)."""
+    s.errors.mark()
+    metrics = eval_metrics(s.session, params, s.cfg, step)
+    return {**metrics, **s.errors.since_mark("eval_")} if metrics else {}
 
 
 def train_step(s: Stages, state: RunState, step: int) -> tuple[RunState, dict]:
@@ -359,7 +365,7 @@ def train_step(s: Stages, state: RunState, step: int) -> tuple[RunState, dict]:
     backend.retain(ro.result.retained_keys)
     t2 = time.perf_counter()
     if step % cfg.eval_every == 0 or step == cfg.steps:
-        record.update(eval_metrics(s.session, params, cfg, step), **s.errors.since_mark("eval_"))
+        record.update(_evaluate(s, params, step))
     record.update({"time/rollout_s": t1 - t0, "time/update_s": t2 - t1, "time/step_s": time.perf_counter() - t0,
                    "compilations/sampler": s.session.sampler.compilations,
                    "compilations/update": _compiled_programs(s.updater.fns.compiled), **s.session.data_metrics()})
