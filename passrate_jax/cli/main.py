@@ -87,8 +87,10 @@ PER_EVENT_LOGGERS = ("passrate_jax.data.math_verify_pool",)
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parse(parser, argv)
-    for name in PER_EVENT_LOGGERS:
-        logging.getLogger(name).setLevel(logging.DEBUG if debug_requested(args) else logging.ERROR)
+    loggers = {name: logging.getLogger(name) for name in PER_EVENT_LOGGERS}
+    levels = {name: logger.level for name, logger in loggers.items()}
+    for logger in loggers.values():
+        logger.setLevel(logging.DEBUG if debug_requested(args) else logging.ERROR)
     try:
         return int(args.func(args) or 0)
     except UserError as e:
@@ -98,6 +100,9 @@ def main(argv: list[str] | None = None) -> int:
         message = " ".join(str(e).split("\n"))  # one line, whatever the message holds
         print(f"passrate-jax {args.command}: {kind}: {message} (--debug shows the traceback)", file=sys.stderr)
         return 2
+    finally:  # main() may run in a longer-lived process (tests, notebooks): leave its logging as it was
+        for name, logger in loggers.items():
+            logger.setLevel(levels[name])
 
 
 if __name__ == "__main__":
