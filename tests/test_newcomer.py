@@ -269,3 +269,32 @@ def test_a_non_editable_install_finds_its_presets_and_trains_from_an_empty_direc
                "data.eval_size=4", *TINY_DEFAULT], empty, pythonpath=str(site))
     assert run.returncode == 0, run.stderr[-5000:]
     assert (empty / "runs" / "default" / "metrics.jsonl").is_file()
+
+
+def test_samples_reach_every_sink_and_a_resume_drops_those_past_its_checkpoint(tmp_path):
+    from passrate_jax.run.metrics import MetricsWriter
+
+    class Tracker:
+        def __init__(self):
+            self.samples = []
+
+        def log(self, record):
+            pass
+
+        def log_samples(self, rows):
+            self.samples.append(rows)
+
+        def close(self):
+            pass
+
+    tracker = Tracker()
+    writer = MetricsWriter(tmp_path, tensorboard=True, trackers=lambda d: [tracker])
+    for step in (1, 2, 3):
+        writer.write({"step": step, "loss": 0.5})
+        writer.write_samples([{"step": step, "prompt": "1+1=", "completion": "2 | x", "reward": 1.0}])
+    writer.close()
+    assert [rows[0]["step"] for rows in tracker.samples] == [1, 2, 3]
+    assert list((tmp_path / "tensorboard").glob("events.*")), "TensorBoard events written"
+    MetricsWriter(tmp_path, tensorboard=False, truncate_after=2).close()  # a resume from step 2's checkpoint
+    rows = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2] and rows[0]["completion"] == "2 | x"
