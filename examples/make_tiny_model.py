@@ -1,13 +1,14 @@
 """Make a tiny "your own model" setup in seconds, on CPU, with no download: a random Qwen3 checkpoint
-and its tokenizer written by ``transformers``, a small GSM8K-format prompt file and a reward function.
+and its tokenizer written by ``transformers``, and a small GSM8K-format prompt file.
 
-    python examples/make_tiny_model.py                 # writes tiny_qwen3/, tiny_data/, tiny_reward.py here
+    python examples/make_tiny_model.py                 # writes tiny_qwen3/ and tiny_data/ here
     passrate-jax train --config tiny_own_model         # trains it for 10 steps on CPU (about a minute)
 
 The checkpoint is what a real one is to passrate-jax (config.json, model.safetensors, tokenizer.json,
 tokenizer_config.json), only random and 80k parameters, so the same commands work with a real model:
 point ``model.pretrained`` at its directory (and size the sampling and batch settings, see the
-qwen3_gsm8k preset). The tokenizer has one token per character.
+qwen3_gsm8k preset). The tokenizer has one token per character. The preset's reward function is
+passrate_jax/data/example_rewards.py; yours is data.reward_fn=my_reward.py:reward.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import argparse
 import json
 import os
 import random
-import shutil
 import string
 
 SPECIAL = ["<pad>", "<bos>", "<eos>"]
@@ -70,7 +70,7 @@ def write_data(directory: str, seed: int, train: int = 64, test: int = 16) -> No
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=".", help="directory to write tiny_qwen3/, tiny_data/ and tiny_reward.py in")
+    parser.add_argument("--out", default=".", help="directory to write tiny_qwen3/ and tiny_data/ in")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     model_dir = os.path.join(args.out, "tiny_qwen3")
@@ -78,10 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     vocab = write_tokenizer(model_dir)
     params = write_model(model_dir, vocab, args.seed)
     write_data(os.path.join(args.out, "tiny_data"), args.seed)
-    shutil.copyfile(os.path.join(os.path.dirname(os.path.abspath(__file__)), "tiny_reward.py"),
-                    os.path.join(args.out, "tiny_reward.py"))
-    print(f"wrote {model_dir} (random Qwen3, {params:,} parameters, {vocab}-token character tokenizer), "
-          f"{os.path.join(args.out, 'tiny_data')}/{{train,test}}.jsonl and {os.path.join(args.out, 'tiny_reward.py')}")
+    print(f"wrote {model_dir} (random Qwen3, {params:,} parameters, {vocab}-token character tokenizer) and "
+          f"{os.path.join(args.out, 'tiny_data')}/{{train,test}}.jsonl")
     print("train it: passrate-jax train --config tiny_own_model")
     return 0
 

@@ -6,6 +6,7 @@ and no traceback."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -50,7 +51,7 @@ def assert_one_line_error(result, *names):
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    """A directory outside the checkout with tiny_qwen3/, tiny_data/ and tiny_reward.py, and one finished
+    """A directory outside the checkout with tiny_qwen3/ and tiny_data/, and one finished
     two-step run of the tiny preset in runs/tiny (the journeys below read it)."""
     home = tmp_path_factory.mktemp("newcomer")
     made = subprocess.run([sys.executable, os.path.join(REPO, "examples", "make_tiny_model.py")], cwd=home,
@@ -251,10 +252,15 @@ def test_a_non_editable_install_finds_its_presets_and_trains_from_an_empty_direc
     """Built as pip builds a wheel of the checkout (no build isolation: no network here), installed with
     ``pip install --no-deps --target`` (its dependencies are the shared environment's), then run with
     only that install on the path from an empty directory: the presets come from the package, not the clone."""
-    wheels, site, empty = tmp_path / "wheels", tmp_path / "site", tmp_path / "empty"
+    wheels, site, empty, source = tmp_path / "wheels", tmp_path / "site", tmp_path / "empty", tmp_path / "source"
     empty.mkdir()
+    # A copy of what the build reads, so that setuptools' build/ and egg-info land there, not in the checkout.
+    shutil.copytree(os.path.join(REPO, "passrate_jax"), source / "passrate_jax",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copyfile(os.path.join(REPO, name), source / name)
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input", "-q"]
-    built = subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(wheels), REPO],
+    built = subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(source)],
                            capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert built.returncode == 0, built.stderr[-3000:]
     wheel = next(wheels.glob("passrate_jax-*.whl"))
