@@ -91,6 +91,10 @@ class WandbTracker:
         except Exception as e:  # noqa: BLE001 - a figure that fails to draw must not lose the run's metrics
             log.warning("wandb: plots not logged: %s", e)
         self._run.finish()
+        # finish() can return before W&B's writer process has flushed an offline run's .wandb file (read back
+        # right after, it sometimes held no history); teardown waits for that process to exit. A later
+        # wandb.init starts a new one.
+        wandb.teardown()
 
 
 def make_trackers(logging_cfg, run_dir: str, config: dict[str, Any] | None = None) -> list:
