@@ -18,8 +18,19 @@ from typing import Any, Literal
 import yaml
 
 
-class ConfigError(ValueError):
+class UserError(Exception):
+    """Something the user can fix: a config key, a file, a command's input. Its message is one line naming
+    the key or file, the value and the fix; the command line prints it and exits with status 2, without a
+    traceback (``--debug`` or ``PASSRATE_JAX_DEBUG=1`` shows one). Bugs stay other exceptions."""
+
+
+class ConfigError(UserError, ValueError):
     """A config key, type or value is invalid. The message names the dotted key and the value."""
+
+
+class UserFileError(UserError, FileNotFoundError):
+    """A file or directory the user named is missing or is not what it should be (a FileNotFoundError too,
+    so callers that catch that keep working)."""
 
 
 def option(default: Any = dataclasses.MISSING, *, ge=None, gt=None, le=None, lt=None,
@@ -249,7 +260,8 @@ def describe(cls, prefix: str = "") -> list[str]:
 def add_config_arguments(parser) -> None:
     """``--config FILE`` and trailing ``key.sub=value`` overrides on an ``argparse`` parser, shared by every
     subcommand that takes a config (here, below the command modules, so none of them imports ``cli``)."""
-    parser.add_argument("--config", default=None, help="YAML preset (default: built-in defaults)")
+    parser.add_argument("--config", default=None, help="a packaged preset's name (passrate-jax info --presets) or "
+                                                        "a YAML file (default: the built-in defaults)")
     parser.add_argument("overrides", nargs="*", metavar="key.sub=value", help="dotted config overrides")
 
 
@@ -260,24 +272,71 @@ def _merge(base: dict, over: dict) -> dict:
     return out
 
 
+# The presets shipped inside the package (passrate_jax/configs/*.yaml; the repository's configs/ links here).
+PRESET_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
+
+
+def preset_names() -> list[str]:
+    """The packaged presets' names (file names without ``.yaml``), sorted."""
+    if not os.path.isdir(PRESET_DIR):
+        return []
+    return sorted(name[:-5] for name in os.listdir(PRESET_DIR) if name.endswith(".yaml"))
+
+
+def preset_summary(name: str) -> str:
+    """The first line of a packaged preset's leading comment: what it runs."""
+    with open(os.path.join(PRESET_DIR, f"{name}.yaml")) as f:
+        for line in f:
+            if line.startswith("#"):
+                return line.lstrip("#").strip()
+            if line.strip():
+                break
+    return ""
+
+
+def resolve_preset(spec: str | os.PathLike, relative_to: str | None = None) -> str:
+    """The file a ``--config`` value or ``base:`` names: a path (relative to ``relative_to``, the including
+    file's directory, else the working directory) when it exists, else the packaged preset of that name
+    (``qwen3_gsm8k``, ``qwen3_gsm8k.yaml`` and ``configs/qwen3_gsm8k.yaml`` all name it, from any
+    directory). ConfigError listing the presets, with a "did you mean", when neither exists."""
+    spec = os.fspath(spec)
+    path = os.path.join(relative_to, spec) if relative_to and not os.path.isabs(spec) else spec
+    if os.path.isfile(path):
+        return os.path.abspath(path)
+    directory, base = os.path.split(spec)
+    name = base[:-5] if base.endswith(".yaml") else base
+    names = preset_names()
+    if name in names and os.path.basename(os.path.normpath(directory or "configs")) == "configs":
+        return os.path.join(PRESET_DIR, f"{name}.yaml")
+    near = difflib.get_close_matches(name, names, n=1)
+    hint = f" (did you mean {near[0]!r}?)" if near else ""
+    raise ConfigError(f"config file {path!r} does not exist and is no packaged preset{hint}; presets: "
+                      f"{', '.join(names)} (passrate-jax info --presets describes them)")
+
+
 def read_preset(path: str | os.PathLike, _seen: tuple = ()) -> dict:
-    """A YAML preset as a dict. A top-level ``base: other.yaml`` (relative to this file) is loaded first
+    """A YAML preset as a dict (``path``: a file, or a packaged preset's name, see :func:`resolve_preset`).
+    A top-level ``base: other.yaml`` (relative to this file, else a packaged preset) is loaded first
     and this file's keys are merged over it, section by section, so presets state only what differs."""
-    path = os.path.abspath(os.fspath(path))
+    path = resolve_preset(path) if not _seen else os.fspath(path)
     if path in _seen:
         raise ConfigError(f"config file {path!r}: circular base chain {' -> '.join(_seen + (path,))}")
     try:
         with open(path) as f:
             data = yaml.safe_load(f) or {}
-    except FileNotFoundError:
-        raise ConfigError(f"config file {path!r} does not exist") from None
+    except OSError as e:
+        raise UserFileError(f"config file {path!r}: cannot be read ({e.strerror})") from None
     except yaml.YAMLError as e:
-        raise ConfigError(f"config file {path!r} is not valid YAML: {e}") from None
+        raise ConfigError(f"config file {path!r} is not valid YAML: {' '.join(str(e).split())}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path!r}: top level must be a mapping, got {type(data).__name__}")
     base = data.pop("base", None)
     if base is not None:
         if not isinstance(base, str):
-            raise ConfigError(f"base = {base!r} in {path!r}: expected a file name")
-        data = _merge(read_preset(os.path.join(os.path.dirname(path), base), _seen + (path,)), data)
+            raise ConfigError(f"base = {base!r} in {path!r}: expected a file name or a preset's name")
+        try:
+            base_path = resolve_preset(base, relative_to=os.path.dirname(path))
+        except ConfigError as e:
+            raise ConfigError(f"base = {base!r} in {path!r}: {e}") from None
+        data = _merge(read_preset(base_path, _seen + (path,)), data)
     return data

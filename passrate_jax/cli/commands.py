@@ -61,6 +61,10 @@ def run_eval(args) -> int:
     cfg = load_config(path, data_overrides(args.data, args.split, args.limit) + list(args.overrides))
     from passrate_jax.run.session import Session
     session = Session.create(cfg, log=lambda *a: None)
+    if not session.heldout:
+        session.close()
+        raise ConfigError(f"--run-dir {args.run_dir!r}: its config has no held-out prompts (data.eval_path is "
+                          "empty); evaluate on a file with --data FILE.jsonl")
     step, params = load_run_params(args.run_dir, session, args.step)
     result = session.evaluate(params, seed=cfg.seed, num_samples=args.num_samples, ks=args.k)
     start = None

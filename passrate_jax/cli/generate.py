@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+
+from passrate_jax.configlib import UserError, UserFileError
 
 
 def add_subparser(subparsers) -> argparse.ArgumentParser:
@@ -45,12 +48,29 @@ def _check(args) -> str | None:
     return None
 
 
+def check_model_dir(model: str) -> None:
+    """UserFileError unless ``model`` is a Hugging Face checkpoint directory; a run directory gets the
+    ``export`` command that makes one of it."""
+    if not os.path.isdir(model):
+        raise UserFileError(f"--model {model!r}: no such directory; give a checkpoint directory (config.json, "
+                            "*.safetensors, tokenizer.json)")
+    if os.path.isfile(os.path.join(model, "config.json")):
+        return
+    if os.path.isfile(os.path.join(model, "config.yaml")):
+        out = os.path.join(model, "hf")
+        raise UserFileError(f"--model {model!r} is a training run directory, not a checkpoint: export it first "
+                            f"(passrate-jax export --run-dir {model} --out {out}) and pass --model {out}")
+    raise UserFileError(f"--model {model!r}: not a Hugging Face checkpoint (no config.json); it needs config.json, "
+                        "*.safetensors and tokenizer.json")
+
+
 def run(args) -> int:
     """Load the checkpoint and tokenizer, sample, print the completions; returns the exit status."""
     error = _check(args)
-    if error:
-        print(f"passrate-jax generate: {error}", file=sys.stderr)
+    if error:  # printed here, not raised: callers of run() (tests, scripts) get the status without main()
+        print(f"passrate-jax generate: error: {error}", file=sys.stderr)
         return 2
+    check_model_dir(args.model)
     from passrate_jax.model import load_pretrained
     from passrate_jax.sampling import Context, Sampler, SamplingConfig
     from passrate_jax.sharding import make_mesh
@@ -64,8 +84,7 @@ def run(args) -> int:
     else:
         ids = tok.encode(args.prompt, add_bos=True)
     if not ids:
-        print("passrate-jax generate: the prompt encodes to no tokens", file=sys.stderr)
-        return 2
+        raise UserError(f"--prompt {args.prompt!r}: encodes to no tokens; give a non-empty prompt")
     mesh = make_mesh(MeshConfig())
     model = load_pretrained(args.model, dtype=args.dtype, mesh=mesh)
     # Row buckets sized to the request: a one-off command gains nothing from padding to 64 rows.
@@ -91,7 +110,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="passrate-jax")
     add_subparser(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except UserError as e:  # one line, as the passrate-jax command prints it
+        print(f"passrate-jax generate: error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

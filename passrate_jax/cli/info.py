@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from passrate_jax.run.config import dump_config, load_config
+from passrate_jax.configlib import PRESET_DIR, preset_names, preset_summary
+from passrate_jax.run.config import check_inputs, dump_config, load_config
 
 
 def parameter_count(model_cfg) -> int:
@@ -17,8 +18,21 @@ def parameter_count(model_cfg) -> int:
     return sum(int(x.size) for x in jax.tree.leaves(state))
 
 
+def print_presets() -> None:
+    """One line per packaged preset: its name and what it runs."""
+    names = preset_names()
+    width = max(map(len, names), default=0)
+    for name in names:
+        print(f"{name:<{width}}  {preset_summary(name)}")
+    print(f"(--config NAME from any directory, or base: NAME in your own YAML; the files are in {PRESET_DIR})")
+
+
 def run(args) -> int:
+    if getattr(args, "presets", False):
+        print_presets()
+        return 0
     cfg = load_config(args.config, args.overrides)  # fails here, before jax starts, on a bad config
+    check_inputs(cfg)
     import jax
 
     from passrate_jax.sharding import make_mesh

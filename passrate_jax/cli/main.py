@@ -1,20 +1,36 @@
 """The ``passrate-jax`` command line: one subcommand per job.
 
 Each subcommand module exposes ``add_subparser(subparsers)`` and ``run(args) -> int``; this file only
-wires them. Config errors are reported as one line naming the key and value, before any compute.
+wires them. Every error the user can fix (:class:`passrate_jax.configlib.UserError`: a config key, a
+file, a checkpoint, a plugin, a command's input) is caught here, once, and printed as one line naming
+the key or file, the value and the fix, with exit status 2 and no traceback; ``--debug`` (anywhere on
+the line) or ``PASSRATE_JAX_DEBUG=1`` shows the traceback instead.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import sys
 
-from passrate_jax.configlib import ConfigError, add_config_arguments  # noqa: F401 - re-exported
+from passrate_jax import __version__
+from passrate_jax.configlib import ConfigError, UserError, add_config_arguments  # noqa: F401 - re-exported
+
+EXAMPLES = """examples:
+  passrate-jax train --config default                      # the built-in CPU run (presets by name)
+  passrate-jax train --config sara steps=10 --run-dir runs/sara_try   # a preset plus key.sub=value overrides
+  passrate-jax train --config tiny_own_model model.pretrained=tiny_qwen3 data.path=train.jsonl \\
+      data.reward_fn=my_reward.py:reward                   # your own checkpoint, data and reward (docs/guide.md)
+
+passrate-jax info --presets lists the packaged presets; passrate-jax COMMAND --help shows a command's options."""
 
 
 def _info_subparser(subparsers) -> None:
-    p = subparsers.add_parser("info", help="print the resolved config, devices, mesh and parameter count")
+    p = subparsers.add_parser("info", help="print the resolved config, devices, mesh and parameter count; "
+                                           "--presets lists the packaged presets")
     add_config_arguments(p)
+    p.add_argument("--presets", action="store_true", help="list the packaged presets, one line each, and exit")
     p.set_defaults(func=_run_info)
 
 
@@ -24,11 +40,15 @@ def _run_info(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="passrate-jax", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="passrate-jax", description=__doc__.splitlines()[0], epilog=EXAMPLES,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"passrate-jax {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an error (also "
+                                                             "PASSRATE_JAX_DEBUG=1)")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _info_subparser(subparsers)
-    from passrate_jax.cli import commands, export, generate
-    from passrate_jax.run import plot, train
+    from passrate_jax.cli import commands, export, generate, train
+    from passrate_jax.run import plot
     from passrate_jax.study import runner, simulate
     train.add_subparser(subparsers)
     commands.add_subparsers(subparsers)
@@ -43,8 +63,11 @@ def build_parser() -> argparse.ArgumentParser:
 def parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
     """``parser.parse_args``, except that ``key=value`` overrides may also follow options
     (``train --run-dir D steps=4``): argparse stops a positional list at the first option, and
-    subparsers rule out ``parse_intermixed_args``."""
-    args, extra = parser.parse_known_args(argv)
+    subparsers rule out ``parse_intermixed_args``. ``--debug`` may stand anywhere."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
+    args, extra = parser.parse_known_args([a for a in argv if a != "--debug"])
+    args.debug = debug
     if extra and hasattr(args, "overrides") and all("=" in a and not a.startswith("-") for a in extra):
         args.overrides = list(args.overrides or []) + extra
     elif extra:
@@ -52,14 +75,34 @@ def parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.N
     return args
 
 
+def debug_requested(args) -> bool:
+    return bool(getattr(args, "debug", False)) or os.environ.get("PASSRATE_JAX_DEBUG", "") not in ("", "0")
+
+
+# Loggers whose per-event warnings a run reports itself, counted and in one line (progress bar, summary,
+# the first failing step): shown one by one, with the reward function's traceback, under --debug only.
+PER_EVENT_LOGGERS = ("passrate_jax.data.math_verify_pool",)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parse(parser, argv)
+    loggers = {name: logging.getLogger(name) for name in PER_EVENT_LOGGERS}
+    levels = {name: logger.level for name, logger in loggers.items()}
+    for logger in loggers.values():
+        logger.setLevel(logging.DEBUG if debug_requested(args) else logging.ERROR)
     try:
         return int(args.func(args) or 0)
-    except ConfigError as e:
-        print(f"passrate-jax {args.command}: config error: {e}", file=sys.stderr)
+    except UserError as e:
+        if debug_requested(args):
+            raise
+        kind = "config error" if isinstance(e, ConfigError) else "error"
+        message = " ".join(str(e).split("\n"))  # one line, whatever the message holds
+        print(f"passrate-jax {args.command}: {kind}: {message} (--debug shows the traceback)", file=sys.stderr)
         return 2
+    finally:  # main() may run in a longer-lived process (tests, notebooks): leave its logging as it was
+        for name, logger in loggers.items():
+            logger.setLevel(levels[name])
 
 
 if __name__ == "__main__":

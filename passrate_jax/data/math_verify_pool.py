@@ -27,6 +27,7 @@ import math
 import multiprocessing
 import multiprocessing.connection
 import os
+import re
 import time
 import traceback
 from collections.abc import Callable, Iterable, Sequence
@@ -49,9 +50,11 @@ class WarningCounter:
 
     def __init__(self) -> None:
         self.counts: collections.Counter[str] = collections.Counter()
+        self.last: dict[str, str] = {}  # the latest event of each kind, in short: what a stop line quotes
 
-    def warn(self, kind: str, message: str) -> None:
+    def warn(self, kind: str, message: str, detail: str = "") -> None:
         self.counts[kind] += 1
+        self.last[kind] = detail or message
         if self.counts[kind] <= _LOGGED_PER_KIND:
             log.warning("verifier %s (%d so far): %s", kind, self.counts[kind], message)
 
@@ -63,6 +66,13 @@ class WarningCounter:
         """Cumulative counts as metrics, e.g. ``{"verify/timeout": 2, "verify/error": 0, ...}``."""
         kinds = {"timeout", "error", "restart"} | set(self.counts)
         return {f"{prefix}{k}": self.counts[k] for k in sorted(kinds)}
+
+
+def _where(trace: str) -> str:
+    """`` at FILE:LINE`` of the innermost frame of a formatted traceback ('' when it has none), so a one-line
+    report of an exception still says where it was raised."""
+    frames = re.findall(r'File "([^"]+)", line (\d+)', trace or "")
+    return f" at {frames[-1][0]}:{frames[-1][1]}" if frames else ""
 
 
 def _worker(conn, preload: tuple[str, ...], setup: tuple | None = None) -> None:
@@ -171,7 +181,8 @@ class VerifierPool:
                 if slot.call and slot.call[1] <= now:
                     i = slot.call[0]
                     self._finished(slot)
-                    self.counter.warn("timeout", f"{_name(fn)}{_short(calls[i])} ran over {self.timeout_s:g} s")
+                    self.counter.warn("timeout", f"{_name(fn)}{_short(calls[i])} ran over {self.timeout_s:g} s",
+                                      detail=f"ran over its {self.timeout_s:g} s limit (data.verify_timeout_s)")
                     self._replace(k)
         return results
 
@@ -185,7 +196,8 @@ class VerifierPool:
                                    f"preloading {self._preload}); see its error output above") from None
             if slot.call:
                 self._finished(slot)
-                self.counter.warn("error", f"{_name(fn)}{_short(calls[slot.call[0]])} killed its worker")
+                self.counter.warn("error", f"{_name(fn)}{_short(calls[slot.call[0]])} killed its worker",
+                                  detail="killed its worker process")
             self._replace(self._slots.index(slot))
             return
         if message[0] == "ready":
@@ -210,7 +222,7 @@ class VerifierPool:
 
     def _reward(self, fn, args, ok: bool, value, trace: str = "") -> float:
         if not ok:
-            self.counter.warn("error", f"{_name(fn)}{_short(args)} raised {value}")
+            self.counter.warn("error", f"{_name(fn)}{_short(args)} raised {value}", detail=value + _where(trace))
             if trace and not self._traceback_logged:  # the first in full, once: enough to find the bug
                 self._traceback_logged = True
                 log.warning("first verifier error of this pool (later ones are counted only):\n%s", trace)
@@ -220,7 +232,8 @@ class VerifierPool:
         except (TypeError, ValueError):
             reward = math.nan
         if not math.isfinite(reward):
-            self.counter.warn("error", f"{_name(fn)}{_short(args)} returned {value!r:.80}, not a finite number")
+            self.counter.warn("error", f"{_name(fn)}{_short(args)} returned {value!r:.80}, not a finite number",
+                              detail=f"returned {value!r:.80}, not a finite number")
             return 0.0
         return reward
 

@@ -21,6 +21,7 @@ Bad rows (malformed JSON, a missing or empty field) raise :class:`BadDataError` 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import hashlib
 import json
 import logging
@@ -31,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from passrate_jax.configlib import UserError, UserFileError
 from passrate_jax.data.formatting import extract_answer
 from passrate_jax.data.tasks import Problem, Task, reference_solution, task_with_levels
 
@@ -56,7 +58,7 @@ def stable_id(text: str) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big") & _ID_MASK
 
 
-class BadDataError(ValueError):
+class BadDataError(UserError, ValueError):
     """A row of a prompt file cannot be used. ``where`` is the file (or dataset split), ``line`` the
     1-based line (JSONL) or row (Parquet, TFDS), ``field`` the field at fault, when there is one."""
 
@@ -86,6 +88,26 @@ class BadRows:
         if len(self.messages) < _KEPT_MESSAGES:
             self.messages.append(str(error))
             log.warning("skipping bad row: %s", error)
+
+
+# The config key that names each field of :class:`Fields`, for messages that say what to set.
+_FIELD_KEYS = {"prompt": "data.prompt_field", "answer": "data.answer_field", "id": "data.id_field"}
+# Usual names of a dataset's prompt and answer fields, tried first when suggesting which to set.
+_USUAL_NAMES = {"prompt": ("question", "problem", "prompt", "input", "query", "instruction"),
+                "answer": ("answer", "solution", "output", "target", "response", "label")}
+
+
+def missing_field(row: Mapping[str, Any], fields: "Fields", role: str) -> str:
+    """The problem text of a row without its ``role`` field: the row's fields and the key to set, with
+    the row's most likely field as the example (``data.prompt_field=question``)."""
+    names = [str(k) for k in row]
+    others = {getattr(fields, r) for r in _FIELD_KEYS if r != role}
+    candidates = [n for n in names if n not in others]
+    guess = next((n for n in _USUAL_NAMES.get(role, ()) if n in candidates), None)
+    guess = guess or next(iter(difflib.get_close_matches(getattr(fields, role), candidates, n=1, cutoff=0.5)),
+                          None) or (candidates[0] if candidates else None)
+    fix = f"; set {_FIELD_KEYS[role]}={guess}" if guess else ""
+    return f"missing; the row has fields {names}{fix}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,17 +140,20 @@ def row_to_record(row: Mapping[str, Any], fields: Fields, where: str, line: int)
         raise BadDataError(where, line, None, f"expected a JSON object, got {type(row).__name__}")
     prompt = _plain(row.get(fields.prompt))
     if fields.prompt not in row or prompt is None:
-        raise BadDataError(where, line, fields.prompt, "missing")
+        raise BadDataError(where, line, fields.prompt, missing_field(row, fields, "prompt"))
     if not isinstance(prompt, str) or not prompt.strip():
         raise BadDataError(where, line, fields.prompt, f"must be a non-empty string, got {prompt!r:.60}")
     raw = _plain(row.get(fields.answer))
     if fields.answer not in row or raw is None:
-        raise BadDataError(where, line, fields.answer, "missing")
+        raise BadDataError(where, line, fields.answer, missing_field(row, fields, "answer"))
     if isinstance(raw, bool) or not isinstance(raw, (str, int, float)) or not str(raw).strip():
         raise BadDataError(where, line, fields.answer, f"must be a non-empty string or number, got {raw!r:.60}")
     answer = extract_answer(str(raw), fields.reference_extract)
     if answer is None:
-        raise BadDataError(where, line, fields.answer, f"no {fields.reference_extract} answer in {str(raw)!r:.80}")
+        plain = isinstance(raw, (int, float)) or len(str(raw).split()) == 1  # a bare number or word
+        fix = "; a plain answer needs no extraction: set data.reference_extract=none" if plain else ""
+        raise BadDataError(where, line, fields.answer, f"no {fields.reference_extract} answer in {str(raw)!r:.80} "
+                           f"(data.reference_extract = {fields.reference_extract!r}){fix}")
     if fields.id:
         value = _plain(row.get(fields.id))
         if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= _ID_MASK:
@@ -329,9 +354,10 @@ def file_source(path: str, eval_path: str = "", *, file_format: str | None = Non
     if file_format not in ("jsonl", "parquet"):
         raise ValueError(f"file_format = {file_format!r}: must be 'jsonl' or 'parquet'")
     read = read_parquet if file_format == "parquet" else read_jsonl
-    train = _read(read, path, fields, bad)
+    train = _read(read, path, fields, bad, "data.path")
     if not train:
-        raise BadDataError(path, None, None, f"no usable rows ({bad.count} bad rows skipped)")
+        raise BadDataError(path, None, None, f"no usable rows ({bad.count} bad rows skipped): data.path needs at "
+                                             f"least one row with a {fields.prompt!r} and an {fields.answer!r} field")
     # Held-out rows are read on first use only, then kept: evaluation asks for them every few steps.
     cache: list[list[PromptRecord]] = []
 
@@ -339,14 +365,15 @@ def file_source(path: str, eval_path: str = "", *, file_format: str | None = Non
         if not eval_path:
             return []
         if not cache:
-            cache.append(_read(read, eval_path, fields, bad))
+            cache.append(_read(read, eval_path, fields, bad, "data.eval_path"))
         return cache[0][:k]
 
     return PromptSource(f"file:{path}", train.__getitem__, len(train), heldout, seed=seed, shuffle=shuffle,
                         bad=bad, default_heldout=default_heldout)
 
 
-def _read(read, path: str, fields: Fields, bad: BadRows) -> list[PromptRecord]:
+def _read(read, path: str, fields: Fields, bad: BadRows, key: str) -> list[PromptRecord]:
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"prompt file {path!r} does not exist")
+        raise UserFileError(f"{key} = {path!r}: no such file (relative paths are from the working directory "
+                            f"{os.getcwd()!r})")
     return read(path, fields, bad)

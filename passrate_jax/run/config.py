@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 from typing import Literal
 
 import yaml
 
 from passrate_jax.allocation.config import AllocationConfig, PrefixSamplingConfig, check_prefix_sampling
-from passrate_jax.configlib import (ConfigError, apply_overrides, build, option, read_preset, section,  # noqa: F401
-                                   to_dict)
+from passrate_jax.configlib import (ConfigError, UserFileError, apply_overrides, build, option,  # noqa: F401
+                                   PRESET_DIR, parse_override, read_preset, resolve_preset, section, to_dict)
 from passrate_jax.data.tasks import TASKS
 from passrate_jax.envs import resolve_env
 from passrate_jax.model.config import ModelConfig
@@ -187,6 +188,9 @@ class LoggingConfig:
     wandb_tags: tuple[str, ...] = option((), doc="W&B run tags")
     wandb_mode: Literal["online", "offline", "disabled"] = option(
         "online", doc="offline: write the W&B run under run_dir/wandb with no network (upload with wandb sync)")
+    samples_every: int = option(10, ge=0, doc="every this many steps, a few (prompt, completion, reward) rows to "
+                                              "run_dir/samples.jsonl, TensorBoard text and a W&B table; 0: none")
+    samples_count: int = option(4, ge=1, doc="rows per sampled step (one per group first)")
 
     def validate(self) -> None:
         if self.wandb:
@@ -274,12 +278,94 @@ class Config:
                 "count optimizer updates: scale optimizer.decay_steps by rl.ppo_epochs * rl.minibatches")
 
 
-def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
-    """Load a YAML preset (or the defaults when ``path`` is None), apply ``key.sub=value`` overrides,
-    and validate. Raises :class:`ConfigError` naming the key and value on any problem."""
+# Keys that only shape the built-in procedural tasks (and their warm start's demonstrations): a preset's
+# values of them are dropped when a run switches it to a file or dataset source, which takes its rows as
+# they are. The first three also shape environments' problems (source env).
+PROCEDURAL_KEYS = ("data.level", "data.max_level", "data.train_size")
+BUILTIN_ONLY_KEYS = ("data.min_level", "data.level_weights", "warm_start.misread_rate", "warm_start.misread_min_level",
+                     "warm_start.level_weights")
+
+
+def _pop(data: dict, key: str):
+    section, _, name = key.rpartition(".")
+    node = data.get(section) if section else data
+    return node.pop(name, None) if isinstance(node, dict) else None
+
+
+def adapt_preset(data: dict, explicit: set[str], warn) -> dict:
+    """``data`` (a preset with overrides applied) with the preset's keys that the chosen source or reward
+    ignores dropped, so that one flag (``data.source=jsonl``, ``data.reward_fn=...``) switches a preset:
+    the built-in-only keys under a file, dataset or environment source, and the preset's ``data.verifier``
+    and ``data.answer_extract`` under a reward function. Keys in ``explicit`` (set on the command line)
+    are kept, so validation still refuses one the source ignores. ``warn`` gets one line naming those dropped."""
+    section = data.get("data") if isinstance(data.get("data"), dict) else {}
+    source = section.get("source", "builtin")
+    keys = [] if source == "builtin" else list(BUILTIN_ONLY_KEYS) + ([] if source == "env" else list(PROCEDURAL_KEYS))
+    reason = {k: f"data.source {source}" for k in keys}
+    if section.get("reward_fn"):
+        reason.update({k: "data.reward_fn" for k in ("data.verifier", "data.answer_extract")})
+    dropped = {}
+    for key, why in reason.items():
+        if key not in explicit and (value := _pop(data, key)) is not None:
+            defaults = Config()
+            if value != to_dict(_get(defaults, key)):
+                dropped.setdefault(why, []).append(f"{key}={value}")
+    if dropped:
+        warn("warning: the preset's " + "; ".join(f"{', '.join(ks)} do not apply with {why}"
+                                                  for why, ks in dropped.items()) + ": dropped")
+    return data
+
+
+def _get(cfg, key: str):
+    for part in key.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
+def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tuple[str, ...] = (),
+                warn=_stderr) -> Config:
+    """Load a YAML preset (a file, or a packaged preset by name: ``default``, ``qwen3_gsm8k``; the
+    defaults when ``path`` is None), apply ``key.sub=value`` overrides, drop the preset's keys the chosen
+    source or reward function ignores (:func:`adapt_preset`, one ``warn`` line), and validate. Raises
+    :class:`ConfigError` naming the key and value on any problem."""
     data = read_preset(path) if path is not None else {}
     data = apply_overrides(data, list(overrides))
-    return build(Config, data)
+    explicit = {".".join(parse_override(text)[0]) for text in overrides}
+    # A packaged preset that reads a file (qwen3_gsm8k over default) drops its base's keys by design:
+    # the warning is for a switch the user made, on the command line or in their own YAML.
+    packaged = path is not None and resolve_preset(path).startswith(PRESET_DIR + os.sep)
+    quiet = packaged and "data.source" not in explicit and "data.reward_fn" not in explicit
+    return build(Config, adapt_preset(data, explicit, (lambda line: None) if quiet else warn))
+
+
+def check_inputs(cfg: Config) -> None:
+    """The files a run reads, checked before anything is built or any directory made: ``model.pretrained``
+    must be a Hugging Face checkpoint directory, and a file source's ``data.path`` (and ``data.eval_path``)
+    must exist. Each failure is one UserFileError naming the key, the value and the fix."""
+    pretrained = cfg.model.pretrained
+    if pretrained is not None:
+        if not os.path.isdir(pretrained):
+            raise UserFileError(f"model.pretrained = {pretrained!r}: no such directory; give a checkpoint directory "
+                                "(config.json, *.safetensors, tokenizer.json), e.g. one examples/make_tiny_model.py "
+                                "writes, or leave it unset for the built-in model")
+        missing = [name for name in ("config.json", "tokenizer.json") if not os.path.isfile(
+            os.path.join(pretrained, name))]
+        if not any(name.endswith(".safetensors") for name in os.listdir(pretrained)):
+            missing.append("*.safetensors")
+        if missing:
+            raise UserFileError(f"model.pretrained = {pretrained!r}: not a Hugging Face checkpoint, it lacks "
+                                f"{', '.join(missing)}" + ("; a training run directory needs passrate-jax export "
+                                "first" if os.path.isfile(os.path.join(pretrained, "config.yaml")) else ""))
+    if cfg.data.source in ("jsonl", "parquet"):
+        for key in ("path", "eval_path"):
+            value = getattr(cfg.data, key)
+            if value and not os.path.isfile(value):
+                raise UserFileError(f"data.{key} = {value!r}: no such file (relative paths are from the working "
+                                    f"directory {os.getcwd()!r})")
 
 
 def dump_config(cfg: Config) -> str:

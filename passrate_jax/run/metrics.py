@@ -79,6 +79,7 @@ class MetricsWriter:
                            if truncate_after is None or r.get("step", 0) <= truncate_after]
             if truncate_after is not None:
                 write_text_atomic(self.path, "".join(self._lines))
+                _truncate_samples(self.path.parent / "samples.jsonl", truncate_after)
         self._file = None if self._remote else open(self.path, "a")
         if tensorboard:
             from tensorboardX import SummaryWriter
@@ -106,6 +107,28 @@ class MetricsWriter:
         for tracker in self._trackers:
             tracker.log(record)
 
+    def write_samples(self, rows: list[dict]) -> None:
+        """A few (step, prompt, completion, reward) rows: appended to ``samples.jsonl``, as one markdown
+        table of TensorBoard text and to each tracker that takes samples (W&B: a table)."""
+        if not self.enabled or not rows:
+            return
+        rows = [to_python(r) for r in rows]
+        path = self.path.parent / "samples.jsonl"
+        text = "".join(json.dumps(r) + "\n" for r in rows)
+        if self._remote:
+            path.write_text((path.read_text() if path.exists() else "") + text)
+        else:
+            with open(os.fspath(path), "a") as f:
+                f.write(text)
+        if self._tb is not None:
+            cell = lambda v: str(v).replace("|", "\\|").replace("\n", "<br>")  # noqa: E731 - one markdown cell
+            table = "| reward | prompt | completion |\n|---|---|---|\n" + "".join(
+                f"| {r['reward']:.3g} | {cell(r['prompt'])} | {cell(r['completion'])} |\n" for r in rows)
+            self._tb.add_text("samples", table, int(rows[0]["step"]))
+        for tracker in self._trackers:
+            if hasattr(tracker, "log_samples"):
+                tracker.log_samples(rows)
+
     @classmethod
     def for_run(cls, cfg, run_dir: str | os.PathLike, *, truncate_after: int | None = None,
                 enabled: bool = True) -> MetricsWriter:
@@ -122,6 +145,13 @@ class MetricsWriter:
             self._tb.close()
         for tracker in self._trackers:
             tracker.close()
+
+
+def _truncate_samples(path: epath.Path, after: int) -> None:
+    """Drop the sample rows past step ``after`` (the checkpoint a run resumes from), as for metrics."""
+    if path.exists():
+        rows = [r for r in _complete_records(path.read_text()) if r.get("step", 0) <= after]
+        write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in rows))
 
 
 def flatten(record: dict, prefix: str = "", sep: str = "/"):

@@ -11,6 +11,7 @@ import os
 
 import numpy as np
 
+from passrate_jax.configlib import UserError, UserFileError
 from passrate_jax.run.runfiles import read_jsonl
 
 
@@ -37,10 +38,12 @@ def plot_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = Non
 
     path = os.path.join(os.fspath(run_dir), "metrics.jsonl")
     if not os.path.exists(path):
-        raise FileNotFoundError(f"{path} does not exist: is {run_dir!r} a run directory?")
+        what = "no such directory" if not os.path.isdir(run_dir) else f"{path} does not exist"
+        raise UserFileError(f"--run-dir {os.fspath(run_dir)!r}: {what}, so it is not a run directory; give the "
+                            "directory of a run (passrate-jax train --run-dir DIR writes metrics.jsonl there)")
     records = read_jsonl(path)
     if not records:
-        raise ValueError(f"{path} holds no records yet")
+        raise UserError(f"--run-dir {os.fspath(run_dir)!r}: {path} holds no records yet; plot it after the first step")
     out_dir = os.fspath(out_dir or os.path.join(os.fspath(run_dir), "plots"))
     os.makedirs(out_dir, exist_ok=True)
     written = []

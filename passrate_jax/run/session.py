@@ -11,7 +11,7 @@ import os
 import numpy as np
 from flax import nnx
 
-from passrate_jax.run.config import Config
+from passrate_jax.run.config import Config, check_inputs
 from passrate_jax.run.held_out import evaluate_session
 from passrate_jax.run.warm_start import warm_start
 from passrate_jax.configlib import ConfigError
@@ -71,6 +71,7 @@ class Session:
     def create(cls, cfg: Config, log=print) -> Session:
         """Build the run's stages. The prompt pool is the source's first epoch (its rows in the seeded
         order); the allocator keys its per-prompt state by position in this pool."""
+        check_inputs(cfg)  # the checkpoint and prompt files, each named by its key when missing
         mesh = make_mesh(cfg.mesh)
         tokenizer = load_tokenizer(cfg.model.pretrained)
         if cfg.model.pretrained is None and tokenizer.vocab_size > cfg.model.vocab_size:
@@ -79,7 +80,8 @@ class Session:
         source = make_source(cfg.data)
         if source.size is None:
             raise ConfigError(f"data.train_size = {cfg.data.train_size}: allocation keeps per-prompt state, so the "
-                              "built-in task needs a finite prompt pool (e.g. data.train_size=2048)")
+                              "built-in task needs a finite prompt pool (e.g. data.train_size=2048); or start from "
+                              "a preset: --config default")
         prompts = source.take(source.size)
         fmt = PromptFormat.from_config(cfg.data)
         prompt_tokens = [fmt.encode(r.prompt, tokenizer) for r in prompts]

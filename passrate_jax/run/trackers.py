@@ -73,6 +73,14 @@ class WandbTracker:
     def log(self, record: dict) -> None:
         self._run.log(scalars(record), step=int(record["step"]))
 
+    def log_samples(self, rows: list[dict]) -> None:
+        """A step's (prompt, completion, reward) samples as a W&B table (``samples``)."""
+        import wandb
+
+        columns = ["step", "prompt", "completion", "reward"]
+        table = wandb.Table(columns=columns, data=[[r[c] for c in columns] for r in rows])
+        self._run.log({"samples": table}, step=int(rows[0]["step"]))
+
     def close(self) -> None:
         import wandb
 
@@ -82,6 +90,10 @@ class WandbTracker:
         except Exception as e:  # noqa: BLE001 - a figure that fails to draw must not lose the run's metrics
             log.warning("wandb: plots not logged: %s", e)
         self._run.finish()
+        # finish() can return before W&B's writer process has flushed an offline run's .wandb file (read back
+        # right after, it sometimes held no history); teardown waits for that process to exit. A later
+        # wandb.init starts a new one.
+        wandb.teardown()
 
 
 def make_trackers(logging_cfg, run_dir: str, config: dict[str, Any] | None = None) -> list:

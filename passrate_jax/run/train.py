@@ -10,8 +10,10 @@ uninterrupted one bit for bit on CPU.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
+import shutil
 import signal
 import time
 from collections.abc import Callable
@@ -25,10 +27,12 @@ from etils import epath
 from passrate_jax import distributed
 from passrate_jax.allocation import Allocator, AllocatorState, state_from_dict, state_to_dict
 from passrate_jax.run.checkpoint import RunCheckpointer, check_run_dir
-from passrate_jax.run.config import Config, dump_config, load_config
-from passrate_jax.configlib import ConfigError, add_config_arguments, to_dict
+from passrate_jax.run.config import Config, check_inputs, dump_config
+from passrate_jax.configlib import ConfigError, to_dict
 from passrate_jax.rollout.loop import collect_rollouts, rollout_metrics
-from passrate_jax.run.metrics import MetricsWriter, flatten, write_text_atomic
+from passrate_jax.run.metrics import flatten, write_text_atomic
+from passrate_jax.run.observe import (Reporter, RewardErrors, check_step_scored, groups_with_signal, rollout_stats,
+                                      sample_rows)
 from passrate_jax.model.lora import has_adapters, reference_params
 from passrate_jax.rl.batch import make_train_batch
 from passrate_jax.rl.optimizer import make_optimizer
@@ -102,7 +106,10 @@ def resume_conflicts(cfg: Config, run_dir: str) -> list[str]:
 def eval_metrics(session: Session, params, cfg: Config, step: int) -> dict:
     """Held-out metrics of ``params`` (after ``step``): greedy accuracy overall and per level (as
     ``cfg.eval_greedy`` says), and with ``cfg.eval_samples`` the mean accuracy of that many sampled answers
-    per prompt (overall and per level)."""
+    per prompt (overall and per level). Nothing without held-out prompts (a file source without
+    ``data.eval_path``): no ``nan`` accuracy."""
+    if not session.heldout:
+        return {}
     greedy = cfg.eval_greedy == "every" or cfg.eval_samples == 0 or step in (0, cfg.steps)
     ev = session.evaluate(params, seed=cfg.seed, num_samples=cfg.eval_samples, greedy=greedy)
     out = {}
@@ -218,39 +225,6 @@ class Checkpoints:
         self.ckpt.close()
 
 
-class Reporter:
-    """Where a run's records go: ``metrics.jsonl``, TensorBoard and W&B as configured
-    (:class:`MetricsWriter.for_run`, primary host only; records past the checkpoint a run resumes from
-    are dropped) and the progress bar."""
-
-    def __init__(self, cfg: Config, run_dir: str, start: int | None, *, primary: bool, progress: bool):
-        # A start without a checkpoint (start None) drops every record of an attempt killed before
-        # its first checkpoint; a resume drops the records past the checkpoint it resumes from.
-        self.writer = MetricsWriter.for_run(cfg, run_dir, truncate_after=-1 if start is None else start,
-                                            enabled=primary)
-        self.bar = None
-        if progress and cfg.logging.progress_bar and primary:
-            from tqdm import tqdm
-            self.bar = tqdm(total=cfg.steps, initial=start or 0, desc="train", unit="step", dynamic_ncols=True)
-
-    def write(self, record: dict) -> None:
-        """One record (step 0: the starting point; then one per step)."""
-        self.writer.write(record)
-        if self.bar is not None and record["step"] > 0:
-            self.bar.update(1)
-            self.bar.set_postfix({k: f"{record[v]:.2f}" for k, v in PROGRESS_KEYS if v in record
-                                  and record[v] == record[v]}, refresh=False)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-        self.writer.close()
-
-
-PROGRESS_KEYS = (("acc", "train_accuracy"), ("valid", "valid_group_fraction"), ("useful", "useful_rollout_fraction"),
-                 ("eval", "eval_accuracy"), ("eval_sampled", "eval_sampled_accuracy"))
-
-
 @dataclasses.dataclass(frozen=True)
 class Stages:
     """A run's stages, built once from the config."""
@@ -259,6 +233,7 @@ class Stages:
     allocator: Allocator
     updater: Updater
     log: Callable
+    errors: RewardErrors
 
 
 def train(cfg: Config, run_dir: str, *, progress: bool = True, log=print,
@@ -273,11 +248,44 @@ def train(cfg: Config, run_dir: str, *, progress: bool = True, log=print,
     distributed.initialize(cfg.distributed)  # before any other JAX call
     primary = distributed.is_primary()
     log = log if primary else _quiet
-    check_run_dir(run_dir)  # an unwritable directory fails here, not at the first checkpoint
-    epath.Path(run_dir).mkdir(parents=True, exist_ok=True)  # local, or gs:// seen by every host
+    check_inputs(cfg)  # a missing checkpoint or prompt file fails here, before the run directory exists
+    created = _first_missing(run_dir) if primary and "://" not in run_dir else None
+    try:
+        check_run_dir(run_dir)  # an unwritable directory fails here, not at the first checkpoint
+        epath.Path(run_dir).mkdir(parents=True, exist_ok=True)  # local, or gs:// seen by every host
+        with contextlib.ExitStack() as closing:
+            return _train(cfg, run_dir, closing, progress=progress, log=log, primary=primary,
+                          start_metrics=start_metrics)
+    except BaseException:
+        if created and not _has_checkpoint(run_dir):  # a failed start leaves no run directory behind
+            shutil.rmtree(created, ignore_errors=True)
+        raise
+
+
+def _first_missing(run_dir: str) -> str | None:
+    """The outermost directory of ``run_dir`` that does not exist yet (what a failed start removes), or None."""
+    path, missing = os.path.abspath(run_dir), None
+    while not os.path.exists(path):
+        missing, path = path, os.path.dirname(path)
+    return missing
+
+
+def _has_checkpoint(run_dir: str) -> bool:
+    path = os.path.join(run_dir, "checkpoints")
+    return os.path.isdir(path) and any(name.isdigit() for name in os.listdir(path))
+
+
+def _train(cfg: Config, run_dir: str, closing: contextlib.ExitStack, *, progress: bool, log, primary: bool,
+           start_metrics: dict | None) -> dict:
+    """The body of :func:`train`; ``closing`` closes what it opened (checkpointer, session, reporter), also on error."""
     ckpt = Checkpoints(cfg, run_dir)
+    closing.callback(ckpt.close)
     stages = build_stages(cfg, log)
     session = stages.session
+    closing.callback(session.close)
+    if not session.heldout:
+        log("warning: no held-out prompts (data.eval_path, data.eval_split or data.eval_size is empty), so no "
+            "held-out accuracy is measured; set data.eval_path=FILE to evaluate")
     if ckpt.resume_from is None:
         session.warm_start(progress=progress and primary)
     if primary:
@@ -289,24 +297,25 @@ def train(cfg: Config, run_dir: str, *, progress: bool = True, log=print,
         state = ckpt.restore(state, session.backend)
         log(f"resuming {run_dir} from the checkpoint of step {state.step}")
     reporter = Reporter(cfg, run_dir, None if ckpt.resume_from is None else state.step, primary=primary, progress=progress)
+    closing.callback(reporter.close)
     if ckpt.resume_from is None:  # step 0: the starting point that training is measured against
-        start = start_metrics if start_metrics is not None else eval_metrics(session, state.params, cfg, 0)
+        start = start_metrics if start_metrics is not None else _evaluate(stages, state.params, 0)
         reporter.write({"step": 0, "rollouts_total": 0, **start})
     record, t_run = {}, time.perf_counter()
     with _StopRequest() as stop:
         for step in range(state.step + 1, cfg.steps + 1):
             state, record = train_step(stages, state, step)
             record["time/total_s"] = time.perf_counter() - t_run
+            if (warning := stages.errors.first_warning(record, cfg.data)) is not None:
+                log(warning)
             reporter.write(record)
             if step % cfg.checkpoint.every_steps == 0 or step == cfg.steps or stop.requested:
                 ckpt.save(state, session.backend)
             if stop.requested:
                 log(f"interrupted: checkpoint of step {step} saved in {run_dir}; run train again to resume")
                 break
-    reporter.close()
-    ckpt.close()
-    session.close()
-    return {"step": state.step, "last": record, "run_dir": run_dir, "params": state.params}
+    return {"step": state.step, "last": record, "run_dir": run_dir, "params": state.params,
+            "notes": reporter.totals.notes(cfg.data), "checkpoint": ckpt.ckpt.path}
 
 
 def build_stages(cfg: Config, log) -> Stages:
@@ -316,16 +325,30 @@ def build_stages(cfg: Config, log) -> Stages:
         log(f"warning: {note}")
     updater = Updater(cfg, session)
     return Stages(cfg, session, Allocator(cfg.allocation, cfg.prefix_sampling, num_prompts=len(session.prompts)),
-                  updater, log)
+                  updater, log, RewardErrors(session.rewarder.counter))
+
+
+def _evaluate(s: Stages, params, step: int) -> dict:
+    """:func:`eval_metrics` with the reward failures of the evaluation (``eval_verifier_errors``, ...)."""
+    s.errors.mark()
+    metrics = eval_metrics(s.session, params, s.cfg, step)
+    return {**metrics, **s.errors.since_mark("eval_")} if metrics else {}
 
 
 def train_step(s: Stages, state: RunState, step: int) -> tuple[RunState, dict]:
     """One step: allocation rounds, one update on the trained groups, evaluation when due. Returns the
     new state and the step's metrics record."""
     cfg, backend, t0 = s.cfg, s.session.backend, time.perf_counter()
+    s.errors.mark()
     ro = collect_rollouts(s.allocator, state.alloc_state, backend, state.params, seed=_step_seed(cfg.seed, step))
     t1 = time.perf_counter()
     record = {"step": step, **rollout_metrics(s.allocator, ro, backend)}
+    # Reward errors by cause (replacing rollout_metrics' table-only count), rewards and lengths as scored.
+    record.update(s.errors.step(ro.table), **rollout_stats(backend, ro.table),
+                  groups_with_signal=groups_with_signal(backend, ro.result.groups))
+    check_step_scored(record, s.errors, cfg.data)
+    if cfg.logging.samples_every and step % cfg.logging.samples_every == 0:
+        record["samples"] = sample_rows(s.session, ro.table, step, cfg.logging.samples_count)
     rollouts_total = state.rollouts_total + ro.result.rollouts_spent
     useful_total = state.useful_total + record["useful_rollouts"]
     # Useful-rollout fraction of the run so far: rollouts in trained valid groups / all spent.
@@ -342,31 +365,8 @@ def train_step(s: Stages, state: RunState, step: int) -> tuple[RunState, dict]:
     backend.retain(ro.result.retained_keys)
     t2 = time.perf_counter()
     if step % cfg.eval_every == 0 or step == cfg.steps:
-        record.update(eval_metrics(s.session, params, cfg, step))
+        record.update(_evaluate(s, params, step))
     record.update({"time/rollout_s": t1 - t0, "time/update_s": t2 - t1, "time/step_s": time.perf_counter() - t0,
                    "compilations/sampler": s.session.sampler.compilations,
                    "compilations/update": _compiled_programs(s.updater.fns.compiled), **s.session.data_metrics()})
     return RunState(step, params, opt_state, ro.state, state.ref_params, rollouts_total, useful_total), record
-
-
-def add_subparser(subparsers) -> None:
-    p = subparsers.add_parser("train", help="train (or resume) a run")
-    add_config_arguments(p)
-    p.add_argument("--run-dir", default=None, help="default: runs/<config name>")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    p.set_defaults(func=run)
-
-
-def run(args) -> int:
-    cfg = load_config(args.config, args.overrides)
-    name = os.path.splitext(os.path.basename(args.config))[0] if args.config else "default"
-    run_dir = args.run_dir or os.path.join("runs", name)
-    summary = train(cfg, run_dir, progress=not args.no_progress)
-    last = summary["last"]
-    if last and distributed.is_primary():
-        shown = {k: last[k] for k in ("step", "rollouts_total", "train_accuracy", "valid_group_fraction",
-                                      "useful_rollout_fraction", "eval_accuracy", "eval_sampled_accuracy")
-                 if k in last}
-        print(f"run {run_dir}: " + ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
-                                               for k, v in shown.items()))
-    return 0

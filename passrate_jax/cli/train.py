@@ -1,0 +1,56 @@
+"""``passrate-jax train``: train (or resume) a run, then say where its files are: the last numbers, any
+warnings about the rewards (failures, nothing trained), and the paths of ``metrics.jsonl``,
+``samples.jsonl``, the plots (drawn at the end) and the checkpoint."""
+
+from __future__ import annotations
+
+import os
+
+from passrate_jax import distributed
+from passrate_jax.configlib import add_config_arguments
+from passrate_jax.run.config import Config, load_config
+from passrate_jax.run.plot import plot_run
+from passrate_jax.run.train import train
+
+SUMMARY_KEYS = ("step", "rollouts_total", "train_accuracy", "reward/mean", "valid_group_fraction",
+                "useful_rollout_fraction", "eval_accuracy", "eval_sampled_accuracy")
+
+
+def add_subparser(subparsers) -> None:
+    p = subparsers.add_parser("train", help="train (or resume) a run")
+    add_config_arguments(p)
+    p.add_argument("--run-dir", default=None, help="default: runs/<config name>")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    cfg = load_config(args.config, args.overrides)
+    name = os.path.splitext(os.path.basename(args.config))[0] if args.config else "default"
+    run_dir = args.run_dir or os.path.join("runs", name)
+    summary = train(cfg, run_dir, progress=not args.no_progress)
+    if distributed.is_primary():
+        print_summary(summary, cfg)
+    return 0
+
+
+def print_summary(summary: dict, cfg: Config) -> None:
+    """The run's last numbers, its warnings (reward failures, nothing trained) and where its files are:
+    metrics, the plots (drawn now) and the checkpoint."""
+    run_dir, last = summary["run_dir"], summary["last"]
+    if last:
+        shown = {k: last[k] for k in SUMMARY_KEYS if k in last}
+        print(f"run {run_dir}: " + ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
+                                               for k, v in shown.items()))
+    for note in summary["notes"]:
+        print(note)
+    print(f"metrics:    {os.path.join(run_dir, 'metrics.jsonl')}")
+    if cfg.logging.samples_every and os.path.exists(os.path.join(run_dir, "samples.jsonl")):
+        print(f"samples:    {os.path.join(run_dir, 'samples.jsonl')}")
+    try:
+        plots = plot_run(run_dir)
+        print(f"plots:      {os.path.dirname(plots[0])}/ ({', '.join(os.path.basename(p) for p in plots)})")
+    except Exception as e:  # noqa: BLE001 - a figure that fails to draw must not fail a finished run
+        print(f"plots:      not drawn ({type(e).__name__}: {e}); passrate-jax plot --run-dir {run_dir}")
+    print(f"checkpoint: {summary['checkpoint']} (step {summary['step']}; passrate-jax export --run-dir {run_dir} "
+          "--out DIR makes a Hugging Face model of it)")
