@@ -107,11 +107,14 @@ class RolloutTable:
 @dataclasses.dataclass
 class StepRollouts:
     """What the rollout phase of a step produced: the allocator's result (unobserved groups left out),
-    the next allocator state, the step's table of rollouts and the sampler's prefill counters."""
+    the next allocator state, the step's table of rollouts, the sampler's prefill counters and the
+    decoding's (``sampler_calls``; the slot engine's ``slot_utilization``, ``rollouts/aborted``,
+    ``tokens/wasted``; a backend's own, e.g. round mode's ``slot_utilization``)."""
     result: StepResult
     state: AllocatorState
     table: RolloutTable
     prefill: dict[str, int] = dataclasses.field(default_factory=dict)
+    engine: dict = dataclasses.field(default_factory=dict)
 
 
 def collect_rollouts(allocator: Allocator, state: AllocatorState, backend: RolloutBackend, params, *,
@@ -122,12 +125,14 @@ def collect_rollouts(allocator: Allocator, state: AllocatorState, backend: Rollo
     run = allocator.start_step(state)
     table = RolloutTable()
     backend.open_step(params)
+    calls = 0
     try:
         while requests := run.requests():
             contexts = backend.contexts(requests)
             observed = [c is not None for c in contexts]
             live = [r for r, seen in zip(requests, observed) if seen]
             rollouts = backend.generate([c for c in contexts if c is not None], params, seed)
+            calls += any(observed)
             scores = backend.score(live, rollouts)
             backend.record(live, rollouts, scores)
             run.observe(table.add(requests, observed, scores))
@@ -136,7 +141,7 @@ def collect_rollouts(allocator: Allocator, state: AllocatorState, backend: Rollo
     result, new_state = run.finish()
     if unobserved := table.unobserved_groups():
         result = dataclasses.replace(result, groups=[g for g in result.groups if g.group_key not in unobserved])
-    return StepRollouts(result, new_state, table, prefill)
+    return StepRollouts(result, new_state, table, prefill, engine={"sampler_calls": calls})
 
 
 def rollout_metrics(allocator: Allocator, rollouts: StepRollouts, backend: RolloutBackend) -> dict:
@@ -182,4 +187,4 @@ def rollout_metrics(allocator: Allocator, rollouts: StepRollouts, backend: Rollo
             m[f"ps/ema/{s}"] = float(ema[b])
             if r.replay_rollouts[b] > 0:
                 m[f"ps/pass_rate/{s}"] = float(r.replay_successes[b] / r.replay_rollouts[b])
-    return {**m, **backend.metrics(table)}
+    return {**m, **rollouts.engine, **backend.metrics(table)}
