@@ -150,7 +150,7 @@ class TextRollouts(StepKV):
         self.slots, self.chunk_tokens, self._engine = slots, chunk_tokens, None
         # The engine's rows hold the longest prompt and a whole budget (a replayed prefix is part of it).
         self.row_length = longest_prompt + max_new_tokens
-        self._decode_live = self._decode_slots = 0  # round mode's decode steps: live rows, rows
+        self._decode_steps = (0, 0)  # the sampler's decode counters when the step opened
         self.max_new_tokens, self.pad_id, self.newline_id = max_new_tokens, pad_id, newline_id
         self.prefix_granularity = prefix_granularity
         self.success_threshold, self.width_buckets = float(success_threshold), tuple(width_buckets)
@@ -188,11 +188,6 @@ class TextRollouts(StepKV):
         if not contexts:
             return []
         out = self.sampler.generate(list(contexts), seed=seed, store=self.step_store(params))
-        # The call's decode loop ran (longest - 1) steps over its padded rows; a row was live for its
-        # length - 1 of them (its first token comes from the prefill): the engine's utilization, per call.
-        padded = bucket(len(out.lengths), self.sampler.cfg.row_buckets, self.sampler.row_shards)
-        self._decode_live += int(np.maximum(out.lengths - 1, 0).sum())
-        self._decode_slots += padded * max(int(out.lengths.max()) - 1, 0)
         rows = [np.flatnonzero(out.context_index == c) for c in range(len(contexts))]
         return [[Completion(out.completion(r), bool(out.stopped[r])) for r in mine] for mine in rows]
 
@@ -242,13 +237,15 @@ class TextRollouts(StepKV):
 
     def metrics(self, table) -> dict:
         """Round mode's decode slot utilization (live rows / rows, over the step's decode steps)."""
-        if not self._decode_slots:
-            return {}
-        return {"slot_utilization": self._decode_live / self._decode_slots}
+        live, rows = (a - b for a, b in zip(self._decode_counters(), self._decode_steps))
+        return {"slot_utilization": live / rows} if rows else {}
+
+    def _decode_counters(self) -> tuple[int, int]:
+        return getattr(self.sampler, "decode_live_steps", 0), getattr(self.sampler, "decode_row_steps", 0)
 
     def open_step(self, params) -> None:
         super().open_step(params)
-        self._decode_live = self._decode_slots = 0
+        self._decode_steps = self._decode_counters()
 
     def stream(self, params, seed: int) -> TextStream:
         """The step's decode slots (the slot engine, built on first use), over the step's prefix store."""
