@@ -1,8 +1,8 @@
 """Round mode against the slot engine on the default preset: seconds per rollout, rollouts and sampler
 calls per step, decode slot utilization, per method, in one process from one warm start (cached).
 
-    python benchmarks/rollout_engine.py --json                       # 5 methods x 2 engines, 4 steps, seed 0
-    python benchmarks/rollout_engine.py --json --steps 6 --seeds 0 1 --methods grpo sara_fill
+    python benchmarks/rollout_engine.py --json --set sampling.slots=64   # 5 methods x 2 engines, 4 steps, seed 0
+    python benchmarks/rollout_engine.py --steps 6 --seeds 0 1 --methods grpo sara_fill --engines slots
 
 Each (method, engine, seed) is a short real training run (``train`` with ``configs/<preset>.yaml``,
 evaluation only at the ends, on 64 held-out prompts). A run's first step compiles, so it is left out:
@@ -96,15 +96,15 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=4, help="steps per run; step 1 (compiles) is not measured")
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("overrides", nargs="*", help="config overrides for every run, e.g. sampling.slots=64")
+    p.add_argument("--set", nargs="*", default=[], dest="overrides", metavar="KEY=VALUE",
+                   help="config overrides for every run, e.g. --set sampling.slots=64")
     args = p.parse_args(argv)
     rows = []
     for seed in args.seeds:
         for method in args.methods:
             for engine in args.engines:
                 rows.append(run_one(method, engine, seed, args.steps, args.overrides))
-                if not args.json:
-                    print(json.dumps(rows[-1]), flush=True)
+                print(json.dumps(rows[-1]), file=sys.stderr if args.json else sys.stdout, flush=True)
     result = {"command": "python benchmarks/rollout_engine.py " + " ".join(sys.argv[1:] if argv is None else argv),
               "runs": rows, "ratios": ratios(rows)}
     print(json.dumps(result, indent=1) if args.json else json.dumps(result["ratios"], indent=1))

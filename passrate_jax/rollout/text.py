@@ -145,7 +145,7 @@ class TextRollouts(StepKV):
                  decode: Callable[[list[int]], str], verify: Callable[[list[int], list[str]], np.ndarray],
                  max_new_tokens: int, pad_id: int, newline_id: int | None = None, prefix_granularity: str = "tokens",
                  success_threshold: float = 0.5, width_buckets: Sequence[int] = WIDTH_BUCKETS,
-                 slots: int = 128, chunk_tokens: int = 8, longest_prompt: int = 1):
+                 slots: int = 64, chunk_tokens: int = 8, longest_prompt: int = 1):
         self.sampler, self.prompt_ids, self.decode, self.verify = sampler, prompt_ids, decode, verify
         self.slots, self.chunk_tokens, self._engine = slots, chunk_tokens, None
         # The engine's rows hold the longest prompt and a whole budget (a replayed prefix is part of it).
