@@ -37,8 +37,8 @@ class SamplingConfig:
         "rounds", doc="rounds: one sampler call per allocation round, decoding until its longest answer ends; "
                       "slots: the slot engine (continuous batching): a fixed pool of decode slots kept full, "
                       "the allocation deciding per group as its rollouts finish (docs/engine.md)")
-    slots: int = option(64, ge=1, doc="slot engine: decode rows in the pool (fewer than a step's rollouts, so that
-                                       finished rows are refilled from the queue)")
+    slots: int = option(64, ge=1, doc="slot engine: decode rows in the pool (fewer than a step's rollouts, so "
+                                       "that finished rows are refilled from the queue)")
     chunk_tokens: int = option(8, ge=1, doc="slot engine: decode steps between harvests (k)")
     generation_buckets: tuple[int, ...] = option(
         (64, 128, 256, 512, 1024, 2048), ge=1, doc="padding buckets for max new tokens (output buffer length)")
