@@ -7,6 +7,14 @@
         state, t = observe_round(setup, knobs, state, t, rewards, observed)
     state, t = finish_step(setup, knobs, state, t)           # rows with rank >= 0 are trained, in rank order
 
+Event mode (the slot engine) runs the same machine with rollouts still in flight: ``plan_event`` plans
+and marks the requests in flight; ``observe_event`` observes the rows whose requests have all come in
+(one group event, or several taken together) and decides, while other rows are still being generated.
+A round is then one event: ``wave`` / ``event_wave`` count rounds as the depth of the decisions that led
+to a request, so ``max_rounds`` bounds the same thing in both modes; and the step is ``done`` only once
+no request is in flight that could still be trained (``waiting``). With every request of a round
+observed in one event, event mode is round mode exactly.
+
 ``setup`` (static) names the composition and its policy; ``knobs`` (arrays) holds the thresholds and
 gains a sweep varies. The machine owns what every method shares: Prefix Sampling's re-rollout groups
 (:mod:`.replay`: round 0 of the next step, or later rounds of the same step), recording outcomes,
@@ -58,7 +66,7 @@ def plan_round(setup: Setup, knobs: Knobs, state, t: StepTable):
     :func:`begin_step`, go in the first; same-step ones are opened here). Sets ``done`` when there is
     nothing to request (B groups trained, round limit, budget, no prompts left)."""
     same_step = setup.ps.timing == "same_step"
-    go = ~t.done & (t.rounds < knobs.max_rounds)
+    go = ~t.done & (t.event_wave < knobs.max_rounds)
     if same_step:
         state, t = open_same_step(setup, knobs, state, t, go)
     replays = go & (t.bucket >= 0) if same_step else False  # requested even when B groups count already
@@ -81,8 +89,30 @@ def plan_round(setup: Setup, knobs: Knobs, state, t: StepTable):
     state = state.replace(pilot_buffer=buf, replay_queue=replay, surplus=surplus)
     chunk = jnp.where((go | replays) & pending(t), t.chunk, 0)
     asked = jnp.sum(chunk).astype(jnp.int32)
-    return state, t.replace(chunk=chunk, spent=t.spent + asked, rounds=t.rounds + (asked > 0),
-                            done=t.done | (asked == 0))
+    wave = t.event_wave + 1
+    return state, t.replace(chunk=chunk, spent=t.spent + asked, wave=jnp.where(chunk > 0, wave, t.wave),
+                            rounds=jnp.where(asked > 0, jnp.maximum(t.rounds, wave), t.rounds),
+                            done=t.done | ((asked == 0) & ~jnp.any(waiting(setup, t))))
+
+
+def waiting(setup: Setup, t: StepTable):
+    """Rows in flight the step must wait for, bool [G] (none in round mode): every one while the step
+    lacks B trained groups, else only re-rollout groups placed on top of B (the rest would be dropped)."""
+    return (t.inflight > 0) & (~toward_b(setup, t) | (trained_toward_b(setup, t) < setup.B))
+
+
+def plan_event(setup: Setup, knobs: Knobs, state, t: StepTable):
+    """:func:`plan_round` with other requests possibly in flight, the new ones then marked in flight (so
+    later plans do not request those rows again). Returns (state, table, chunk int32 [G]: the new requests)."""
+    state, t = plan_round(setup, knobs, state, t)
+    return state, t.replace(inflight=t.inflight + t.chunk, chunk=jnp.zeros_like(t.chunk)), t.chunk
+
+
+def observe_event(setup: Setup, knobs: Knobs, state, t: StepTable, rewards, observed, rows):
+    """Observe the in-flight requests of ``rows`` (bool [G]) with :func:`observe_round`'s ``rewards`` and
+    ``observed``; rows still in flight are left as they are."""
+    t = t.replace(chunk=jnp.where(rows, t.inflight, 0), inflight=jnp.where(rows, 0, t.inflight))
+    return observe_round(setup, knobs, state, t, rewards, observed)
 
 
 def observe_round(setup: Setup, knobs: Knobs, state, t: StepTable, rewards, observed):
@@ -94,6 +124,7 @@ def observe_round(setup: Setup, knobs: Knobs, state, t: StepTable, rewards, obse
     the row is REJECTED, and nothing (policy, selection, controllers, training) learns from it.
     """
     asked = t.chunk > 0
+    t = t.replace(event_wave=jnp.max(jnp.where(asked, t.wave, 0)).astype(jnp.int32))
     pos = jnp.arange(setup.N)[None, :]
     new = (pos >= t.n[:, None]) & (pos < (t.n + t.chunk)[:, None])
     rejected = asked & ~observed

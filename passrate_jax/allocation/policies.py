@@ -217,6 +217,10 @@ class DynamicSampling:
         # DAPO's reference code draws a full generation batch whatever is still missing (same-step
         # replays aside: no batch while the missing groups are all replays in progress).
         k = jnp.minimum(self.max_open(setup), afford(budget_left(knobs, t), setup.N))
+        # Event mode: no new generation batch while the groups still in flight could complete B (in
+        # round mode none is in flight when a round is planned).
+        in_flight = jnp.sum(pending(t) & (t.bucket < 0)).astype(jnp.int32)
+        k = jnp.where(trained_toward_b(setup, t) + in_flight >= setup.B, 0, k)
         if setup.ps.timing == "same_step":
             k = jnp.where(slots(setup, t) > 0, k, 0)
         return state, t, Opening.of(k, CONFIRMED, setup.N)
@@ -256,7 +260,7 @@ class Sara:
 
     def plan(self, setup, knobs, state, t):
         own = pending(t) & (t.bucket < 0)
-        future = jnp.sum(jnp.where(own, setup.N - t.n - t.chunk, 0))
+        future = jnp.sum(jnp.where(own, setup.N - t.n - t.chunk - t.inflight, 0))
         k = jnp.minimum(slots(setup, t), afford(budget_left(knobs, t) - future, setup.N))
         return state, t, Opening.of(k, ACTIVE, jnp.clip(knobs.schedule[0], 1, setup.N))
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from passrate_jax.allocation.machine import begin_step, finish_step, observe_round, plan_round
+from passrate_jax.allocation.machine import (begin_step, finish_step, observe_event, observe_round, plan_event,
+                                             plan_round)
 from passrate_jax.allocation.policies import Knobs, Setup
 from passrate_jax.allocation.protocol import AllocatorState, Prefix, Request, Result, StepResult, TrainGroup
 from passrate_jax.allocation.table import ABANDONED, successes
@@ -17,6 +18,8 @@ _begin = jax.jit(begin_step, static_argnums=0)
 _plan = jax.jit(plan_round, static_argnums=0)
 _observe = jax.jit(observe_round, static_argnums=0)
 _finish = jax.jit(finish_step, static_argnums=0)
+_plan_event = jax.jit(plan_event, static_argnums=0)
+_observe_event = jax.jit(observe_event, static_argnums=0)
 
 
 def _prefix(t, g: int) -> Prefix | None:
@@ -27,8 +30,10 @@ def _prefix(t, g: int) -> Prefix | None:
 
 
 class StepRun:
-    """One step. Call :meth:`requests` and :meth:`observe` alternately until :meth:`requests` returns
-    [], then :meth:`finish`."""
+    """One step. Round mode: call :meth:`requests` and :meth:`observe` alternately until :meth:`requests`
+    returns [], then :meth:`finish`. Event mode (requests in flight while others are observed): call
+    :meth:`issue` (new requests, possibly none) after every :meth:`observe_some`, until :attr:`done`;
+    requests still outstanding then are aborted by :meth:`finish`."""
 
     def __init__(self, setup: Setup, knobs: Knobs, state: AllocatorState):
         self.setup, self.knobs = setup, knobs
@@ -67,11 +72,46 @@ class StepRun:
             raise ValueError(f"missing results for groups {sorted(self.outstanding)}")
         self.state, self.table = _observe(self.setup, self.knobs, self.state, self.table, rewards, observed)
 
-    def finish(self) -> tuple[StepResult, AllocatorState]:
+    @property
+    def done(self) -> bool:
+        """The step needs no more requests and waits for none of those in flight (event mode)."""
+        return bool(self.table.done)
+
+    def issue(self) -> list[Request]:
+        """Event mode: the requests the machine makes now (none once :attr:`done`), marked in flight."""
+        if self.done:
+            return []
+        self.state, self.table, chunk = _plan_event(self.setup, self.knobs, self.state, self.table)
+        t = jax.device_get(self.table.replace(chunk=chunk))
+        reqs = []
+        for g in np.nonzero(t.chunk)[0]:
+            req = Request(int(t.key[g]), int(t.prompt[g]), int(t.chunk[g]), int(t.n[g]), _prefix(t, g))
+            self.outstanding[req.group_key] = (-1, req)  # rows move as others close: found by key when observed
+            reqs.append(req)
+        return reqs
+
+    def observe_some(self, results: list[Result]) -> None:
+        """Event mode: observe these outstanding requests (one event; the others stay in flight), then decide."""
+        g_rows, n = self.table.capacity, self.setup.N
+        rewards, observed, rows = np.zeros((g_rows, n), np.int8), np.ones((g_rows,), bool), np.zeros((g_rows,), bool)
+        key, inflight = jax.device_get((self.table.key, self.table.inflight))
+        for res in results:
+            _, req = self.outstanding.pop(res.group_key, (None, None))
+            at = np.nonzero((key == res.group_key) & (inflight > 0))[0]
+            if req is None or len(res.rewards) != req.num_rollouts or len(at) != 1:
+                raise ValueError(f"result for group {res.group_key} does not match an outstanding request")
+            rewards[at[0], req.first_index:req.first_index + req.num_rollouts] = res.rewards
+            observed[at[0]], rows[at[0]] = res.observed, True
+        self.state, self.table = _observe_event(self.setup, self.knobs, self.state, self.table, rewards, observed,
+                                                rows)
+
+    def finish(self, abort: bool = False) -> tuple[StepResult, AllocatorState]:
         """End the step: fold its outcomes into the persistent state; returns the groups to train on
-        and the rollouts spent."""
-        if self.outstanding:
+        and the rollouts spent. ``abort``: requests still outstanding are dropped (their rollouts stay
+        spent; their groups, still pending, are not trained)."""
+        if self.outstanding and not abort:
             raise RuntimeError("finish() with outstanding requests")
+        self.outstanding = {}
         state, table = _finish(self.setup, self.knobs, self.state, self.table)
         t = jax.device_get(table)
         if t.overflow:

@@ -40,12 +40,15 @@ class StepTable:
     probes (SARA probe rounds done), prior_a / prior_b (SARA's Beta prior), bucket (PS bucket of a
     re-rollout group, -1 for a fresh group), src_key / src_index / cut / src_success (the replayed
     prefix), pilot (a Pilot-Commit pilot awaiting its verdict), carried (came from the ideal-DS surplus:
-    observed at its own step), rank (training order, -1 when not trained).
+    observed at its own step), rank (training order, -1 when not trained), inflight (event mode:
+    rollouts requested and not yet observed; 0 in round mode), wave (the round of the row's latest
+    request: 1 + the round of the event that issued it).
     Scalars: count (live rows, packed at the front), opened (groups opened this step: the next new
     group's key is key_base + opened), trained, spent (rollouts requested), rounds, done, overflow
     (groups that found no free row: 0 unless a capacity is wrong; the host raises on it), replay_left
     (same-step Prefix Sampling: re-rollout groups the step may still open, their slots and rollouts held
-    back from the policy; 0 otherwise).
+    back from the policy; 0 otherwise), event_wave (the round of the latest observation: the largest wave
+    it observed; the next requests are of round event_wave + 1, so in round mode it equals rounds).
     used / evicted: bool [P]. rng: PRNG key. replay_successes / replay_rollouts: float32 [K].
     thompson: float32 [P], the step's MoPPS Thompson draws (zeros under another selection method).
     order: int32 [P], the prompts available at the start of the step first, in random order; cursor:
@@ -72,6 +75,8 @@ class StepTable:
     pilot: jax.Array
     carried: jax.Array
     rank: jax.Array
+    inflight: jax.Array
+    wave: jax.Array
     count: jax.Array
     opened: jax.Array
     overflow: jax.Array
@@ -81,6 +86,7 @@ class StepTable:
     rounds: jax.Array
     done: jax.Array
     replay_left: jax.Array
+    event_wave: jax.Array
     used: jax.Array
     evicted: jax.Array
     rng: jax.Array
@@ -108,9 +114,11 @@ def table_init(capacity: int, group_size: int, num_buckets: int, key_base, evict
     z = jnp.zeros((), jnp.int32)
     return StepTable(prompt=zi, key=zi, status=zi, n=zi, rewards=jnp.zeros((capacity, group_size), jnp.int8),
                      chunk=zi, probes=zi, prior_a=zf + 1, prior_b=zf + 1, bucket=zi - 1, src_key=zi,
-                     src_index=zi, cut=zf, src_success=zb, pilot=zb, carried=zb, rank=zi - 1, count=z, opened=z,
+                     src_index=zi, cut=zf, src_success=zb, pilot=zb, carried=zb, rank=zi - 1, inflight=zi, wave=zi,
+                     count=z, opened=z,
                      overflow=z, key_base=jnp.asarray(key_base, jnp.int32), trained=z, spent=z, rounds=z,
-                     done=jnp.zeros((), bool), replay_left=z, used=jnp.zeros_like(evicted), evicted=evicted, rng=rng,
+                     done=jnp.zeros((), bool), replay_left=z, event_wave=z, used=jnp.zeros_like(evicted),
+                     evicted=evicted, rng=rng,
                      replay_successes=jnp.zeros((num_buckets,), jnp.float32),
                      replay_rollouts=jnp.zeros((num_buckets,), jnp.float32),
                      thompson=jnp.zeros(evicted.shape, jnp.float32), order=jnp.zeros(evicted.shape, jnp.int32),
@@ -120,7 +128,7 @@ def table_init(capacity: int, group_size: int, num_buckets: int, key_base, evict
 
 
 ROW_FIELDS = ("prompt", "key", "status", "n", "rewards", "chunk", "probes", "prior_a", "prior_b", "bucket", "src_key",
-              "src_index", "cut", "src_success", "pilot", "carried", "rank")
+              "src_index", "cut", "src_success", "pilot", "carried", "rank", "inflight", "wave")
 # The fields of size P (one entry per prompt) and the step order's cursor; every other field is a row or
 # a scalar (size G or less).
 PER_PROMPT_FIELDS = ("used", "evicted", "thompson", "order", "cursor", "num_available", "closed", "closed_n",

@@ -104,15 +104,24 @@ class RolloutTable:
 @dataclasses.dataclass
 class StepRollouts:
     """What the rollout phase of a step produced: the allocator's result (unobserved groups left out),
-    the next allocator state, the step's table of rollouts and the sampler's prefill counters."""
+    the next allocator state, the step's table of rollouts, the sampler's prefill counters and the
+    decoding's (``sampler_calls``; the slot engine's ``slot_utilization``, ``rollouts/aborted``,
+    ``tokens/wasted``; a backend's own, e.g. round mode's ``slot_utilization``)."""
     result: StepResult
     state: AllocatorState
     table: RolloutTable
     prefill: dict[str, int] = dataclasses.field(default_factory=dict)
+    engine: dict = dataclasses.field(default_factory=dict)
     # The study's premise probes (passrate_jax/study/probes.py): prompts opened fresh this step, and the
-    # PS bucket of each re-rollout group (by group key).
+    # PS bucket of each re-rollout group (by group key); both loops fill them through note_requests.
     opened: list[int] = dataclasses.field(default_factory=list)
     replay_buckets: dict[int, int] = dataclasses.field(default_factory=dict)
+
+
+def note_requests(requests: Sequence[Request], opened: list[int], replay_buckets: dict[int, int]) -> None:
+    """Record the premise probes' view of requests as they are issued (see :class:`StepRollouts`)."""
+    opened += [r.prompt_id for r in requests if r.prefix is None and r.first_index == 0]
+    replay_buckets.update((r.group_key, r.prefix.bucket) for r in requests if r.prefix is not None)
 
 
 def collect_rollouts(allocator: Allocator, state: AllocatorState, backend: RolloutBackend, params, *,
@@ -123,14 +132,15 @@ def collect_rollouts(allocator: Allocator, state: AllocatorState, backend: Rollo
     run = allocator.start_step(state)
     table, opened, replay_buckets = RolloutTable(), [], {}
     backend.open_step(params)
+    calls = 0
     try:
         while requests := run.requests():
-            opened += [r.prompt_id for r in requests if r.prefix is None and r.first_index == 0]
-            replay_buckets.update((r.group_key, r.prefix.bucket) for r in requests if r.prefix is not None)
+            note_requests(requests, opened, replay_buckets)
             contexts = backend.contexts(requests)
             observed = [c is not None for c in contexts]
             live = [r for r, seen in zip(requests, observed) if seen]
             rollouts = backend.generate([c for c in contexts if c is not None], params, seed)
+            calls += any(observed)
             scores = backend.score(live, rollouts)
             backend.record(live, rollouts, scores)
             run.observe(table.add(requests, observed, scores))
@@ -139,7 +149,8 @@ def collect_rollouts(allocator: Allocator, state: AllocatorState, backend: Rollo
     result, new_state = run.finish()
     if unobserved := table.unobserved_groups():
         result = dataclasses.replace(result, groups=[g for g in result.groups if g.group_key not in unobserved])
-    return StepRollouts(result, new_state, table, prefill, opened, replay_buckets)
+    return StepRollouts(result, new_state, table, prefill, engine={"sampler_calls": calls}, opened=opened,
+                        replay_buckets=replay_buckets)
 
 
 def rollout_metrics(allocator: Allocator, rollouts: StepRollouts, backend: RolloutBackend) -> dict:
@@ -191,7 +202,7 @@ def rollout_metrics(allocator: Allocator, rollouts: StepRollouts, backend: Rollo
             if r.replay_rollouts[b] > 0:
                 m[f"ps/pass_rate/{s}"] = float(r.replay_successes[b] / r.replay_rollouts[b])
         m.update(_replay_histograms(rollouts, n))
-    return {**m, **backend.metrics(table)}
+    return {**m, **rollouts.engine, **backend.metrics(table)}
 
 
 def _replay_histograms(rollouts: StepRollouts, n: int) -> dict:

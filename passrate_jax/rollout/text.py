@@ -22,6 +22,7 @@ import numpy as np
 from passrate_jax.allocation import Request, TrainGroup
 from passrate_jax.sampling.prefix_store import PrefixStore
 from passrate_jax.sampling.sampler import Context, Sampler, bucket
+from passrate_jax.sampling.slot_pool import SlotEngine, SlotPool
 
 # Padded widths (prompt + response tokens) of the update batch: a run compiles one update per width used.
 WIDTH_BUCKETS = (64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192)
@@ -143,8 +144,13 @@ class TextRollouts(StepKV):
     def __init__(self, sampler: Sampler, prompt_ids: Callable[[int], Sequence[int]], *,
                  decode: Callable[[list[int]], str], verify: Callable[[list[int], list[str]], np.ndarray],
                  max_new_tokens: int, pad_id: int, newline_id: int | None = None, prefix_granularity: str = "tokens",
-                 success_threshold: float = 0.5, width_buckets: Sequence[int] = WIDTH_BUCKETS):
+                 success_threshold: float = 0.5, width_buckets: Sequence[int] = WIDTH_BUCKETS,
+                 slots: int = 64, chunk_tokens: int = 8, longest_prompt: int = 1):
         self.sampler, self.prompt_ids, self.decode, self.verify = sampler, prompt_ids, decode, verify
+        self.slots, self.chunk_tokens, self._engine = slots, chunk_tokens, None
+        # The engine's rows hold the longest prompt and a whole budget (a replayed prefix is part of it).
+        self.row_length = longest_prompt + max_new_tokens
+        self._decode_steps = (0, 0)  # the sampler's decode counters when the step opened
         self.max_new_tokens, self.pad_id, self.newline_id = max_new_tokens, pad_id, newline_id
         self.prefix_granularity = prefix_granularity
         self.success_threshold, self.width_buckets = float(success_threshold), tuple(width_buckets)
@@ -155,7 +161,9 @@ class TextRollouts(StepKV):
         return cls(session.sampler, session.prompt_ids, decode=session.decode, verify=session.verify,
                    max_new_tokens=session.cfg.sampling.max_new_tokens, pad_id=session.tokenizer.pad_id,
                    newline_id=session.newline_id, prefix_granularity=session.cfg.prefix_sampling.granularity,
-                   success_threshold=session.cfg.data.reward_threshold)
+                   success_threshold=session.cfg.data.reward_threshold, slots=session.cfg.sampling.slots,
+                   chunk_tokens=session.cfg.sampling.chunk_tokens,
+                   longest_prompt=max(map(len, session.prompt_tokens), default=1))
 
     # ------------------------------------------------------------------ a round
     def contexts(self, requests: Sequence[Request]) -> list[Context]:
@@ -228,7 +236,23 @@ class TextRollouts(StepKV):
                          width_buckets=self.width_buckets, pad_id=self.pad_id)
 
     def metrics(self, table) -> dict:
-        return {}
+        """Round mode's decode slot utilization (live rows / rows, over the step's decode steps)."""
+        live, rows = (a - b for a, b in zip(self._decode_counters(), self._decode_steps))
+        return {"slot_utilization": live / rows} if rows else {}
+
+    def _decode_counters(self) -> tuple[int, int]:
+        return getattr(self.sampler, "decode_live_steps", 0), getattr(self.sampler, "decode_row_steps", 0)
+
+    def open_step(self, params) -> None:
+        super().open_step(params)
+        self._decode_steps = self._decode_counters()
+
+    def stream(self, params, seed: int) -> TextStream:
+        """The step's decode slots (the slot engine, built on first use), over the step's prefix store."""
+        if self._engine is None:
+            length = max(self.sampler.store_capacity[1], bucket(self.row_length, self.sampler.cfg.context_buckets))
+            self._engine = SlotEngine(self.sampler, rows=self.slots, chunk=self.chunk_tokens, length=length)
+        return TextStream(self._engine.pool(self.step_store(params), seed=seed))
 
     def response(self, group_key: int, index: int) -> list[int]:
         """Prefix + completion ids of one rollout: the whole response the verifier scores."""
@@ -251,6 +275,30 @@ class TextRollouts(StepKV):
                                          completions={int(i): list(c) for i, c in v["completions"].items()},
                                          rewards={int(i): float(r) for i, r in v.get("rewards", {}).items()})
                        for k, v in data.items()}
+
+
+class TextStream:
+    """A :class:`~passrate_jax.sampling.slot_pool.SlotPool` as the event loop's ``RolloutStream``: rollouts
+    are :class:`Completion` s."""
+
+    def __init__(self, pool: SlotPool):
+        self.pool = pool
+
+    @property
+    def idle(self) -> bool:
+        return self.pool.idle
+
+    def add(self, context: Context, tag) -> None:
+        self.pool.add(context, tag)
+
+    def advance(self) -> list[tuple[object, int, Completion]]:
+        return [(f.tag, f.sample_index, Completion(f.ids, f.stopped)) for f in self.pool.advance()]
+
+    def abort(self) -> tuple[int, int]:
+        return self.pool.abort()
+
+    def counters(self) -> dict:
+        return {"sampler_calls": self.pool.chunks, "slot_utilization": self.pool.utilization}
 
 
 def pack_rows(seqs, masks, rewards, group_ids, *, num_groups: int, rows: int, width_buckets: Sequence[int],

@@ -29,6 +29,7 @@ from passrate_jax.allocation import Allocator, AllocatorState, state_from_dict, 
 from passrate_jax.run.checkpoint import RunCheckpointer, check_run_dir
 from passrate_jax.run.config import Config, check_inputs, dump_config
 from passrate_jax.configlib import ConfigError, to_dict
+from passrate_jax.rollout.events import collect_rollouts_events
 from passrate_jax.rollout.loop import collect_rollouts, rollout_metrics
 from passrate_jax.run.metrics import flatten, write_text_atomic
 from passrate_jax.run.observe import (Reporter, RewardErrors, check_step_scored, groups_with_signal, rollout_stats,
@@ -340,7 +341,8 @@ def train_step(s: Stages, state: RunState, step: int) -> tuple[RunState, dict]:
     new state and the step's metrics record."""
     cfg, backend, t0 = s.cfg, s.session.backend, time.perf_counter()
     s.errors.mark()
-    ro = collect_rollouts(s.allocator, state.alloc_state, backend, state.params, seed=_step_seed(cfg.seed, step))
+    collect = collect_rollouts_events if cfg.sampling.engine == "slots" else collect_rollouts
+    ro = collect(s.allocator, state.alloc_state, backend, state.params, seed=_step_seed(cfg.seed, step))
     t1 = time.perf_counter()
     record = {"step": step, **rollout_metrics(s.allocator, ro, backend)}
     # Reward errors by cause (replacing rollout_metrics' table-only count), rewards and lengths as scored.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Literal
 
 from passrate_jax.configlib import ConfigError, option
 
@@ -32,6 +33,13 @@ class SamplingConfig:
                      "with slots for its longest prompt plus max_new_tokens): then rounds, evaluation and "
                      "steps share one prefill program per context bucket and one decode program per row "
                      "bucket; 0: each store grows when a call needs more, compiling the programs again")
+    engine: Literal["rounds", "slots"] = option(
+        "rounds", doc="rounds: one sampler call per allocation round, decoding until its longest answer ends; "
+                      "slots: the slot engine (continuous batching): a fixed pool of decode slots kept full, "
+                      "the allocation deciding per group as its rollouts finish (docs/engine.md)")
+    slots: int = option(64, ge=1, doc="slot engine: decode rows in the pool (fewer than a step's rollouts, so "
+                                       "that finished rows are refilled from the queue)")
+    chunk_tokens: int = option(8, ge=1, doc="slot engine: decode steps between harvests (k)")
     generation_buckets: tuple[int, ...] = option(
         (64, 128, 256, 512, 1024, 2048), ge=1, doc="padding buckets for max new tokens (output buffer length)")
 

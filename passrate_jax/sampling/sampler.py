@@ -71,6 +71,9 @@ class Sampler:
         self.prefill_calls = 0    # contexts prefilled (appends included)
         self.prefill_batches = 0  # prefill and append program executions
         self.prefill_tokens = 0   # real tokens run through those programs
+        # Decode loop steps summed over rows: live ones, and all (padding included). A call runs (longest
+        # - 1) steps, a row being live for its length - 1 of them (its first token comes from the prefill).
+        self.decode_live_steps = self.decode_row_steps = 0
         self._store_capacity = (0, 0)  # the largest shared store so far: the next step's starts there
         self._reserved = (0, 0)  # reserve_store's capacity: every store starts there
         prefilled = core.PrefillOutput(last_logits_cv=rows2, cache=cache)
@@ -329,6 +332,8 @@ class Sampler:
         out = to_host((final.tokens_rg, final.logprobs_rg, final.policy_logprobs_rg, final.length_r,
                        final.stopped_r))
         tok, lp, plp, length, stopped = (np.asarray(x)[:n_rows] for x in out)
+        self.decode_live_steps += int(np.maximum(length - 1, 0).sum())
+        self.decode_row_steps += r_pad * max(int(length.max(initial=0)) - 1, 0)
         result = SampleResult(
             context_index=ctx_index, sample_index=sample_index, tokens=tok, logprobs=lp, policy_logprobs=plp,
             lengths=length, stopped=stopped, loss_mask=np.arange(g)[None, :] < length[:, None])

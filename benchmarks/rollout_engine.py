@@ -1,0 +1,115 @@
+"""Round mode against the slot engine on the default preset: seconds per rollout, rollouts and sampler
+calls per step, decode slot utilization, per method, in one process from one warm start (cached).
+
+    python benchmarks/rollout_engine.py --json --set sampling.slots=64   # 5 methods x 2 engines, 4 steps, seed 0
+    python benchmarks/rollout_engine.py --steps 6 --seeds 0 1 --methods grpo sara_fill --engines slots
+
+Each (method, engine, seed) is a short real training run (``train`` with ``configs/<preset>.yaml``,
+evaluation only at the ends, on 64 held-out prompts). A run's first step compiles, so it is left out:
+seconds per rollout = ``time/rollout_s`` summed over steps 2..S / rollouts spent over those steps.
+Utilization and sampler calls are means over the same steps; ``trained_length`` is the mean length
+(tokens) of the answers trained on, the no-length-bias check (the engine's against round mode's).
+The ratios the issue names (37, "What it must show") are printed under ``ratios``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from passrate_jax.rollout import loop as loop_module  # noqa: E402
+from passrate_jax.run import train as train_module  # noqa: E402
+from passrate_jax.run.config import load_config  # noqa: E402
+from passrate_jax.run.metrics import read_jsonl  # noqa: E402
+
+PRESETS = {"grpo": "default", "ds": "ds", "sara_fill": "sara", "sara_fixed": "sara_fixed",
+           "pilot_commit": "pilot_commit"}
+ENGINES = ("rounds", "slots")
+
+
+def _trained_lengths(store: list):
+    """Wrap ``rollout_metrics`` to record the mean generated length of each step's trained answers."""
+    original = loop_module.rollout_metrics
+
+    def metrics(allocator, rollouts, backend):
+        out = original(allocator, rollouts, backend)
+        lengths = [len(backend.groups[g.group_key].completions[i]) for g in rollouts.result.groups
+                   for i in range(len(g.rewards)) if i in backend.groups[g.group_key].completions]
+        store.append(float(np.mean(lengths)) if lengths else float("nan"))
+        return out
+    return original, metrics
+
+
+def run_one(method: str, engine: str, seed: int, steps: int, extra: list[str]) -> dict:
+    overrides = [f"steps={steps}", f"seed={seed}", f"eval_every={steps}", "eval_samples=0", "data.eval_size=64",
+                 "logging.tensorboard=false", f"sampling.engine={engine}", *extra]
+    cfg = load_config(os.path.join(ROOT, "configs", f"{PRESETS[method]}.yaml"), overrides)
+    lengths: list = []
+    original, wrapped = _trained_lengths(lengths)
+    train_module.rollout_metrics = wrapped
+    try:
+        with tempfile.TemporaryDirectory() as run_dir:
+            t0 = time.perf_counter()
+            train_module.train(cfg, run_dir, progress=False, log=lambda *a: None)
+            wall = time.perf_counter() - t0
+            records = [r for r in read_jsonl(os.path.join(run_dir, "metrics.jsonl")) if r["step"] >= 2]
+    finally:
+        train_module.rollout_metrics = original
+    spent = sum(r["rollouts_step"] for r in records)
+    seconds = sum(r["time/rollout_s"] for r in records)
+    mean = lambda key: float(np.mean([r[key] for r in records if key in r])) if records else float("nan")  # noqa: E731
+    return {"method": method, "engine": engine, "seed": seed, "steps_measured": len(records),
+            "s_per_rollout": seconds / max(spent, 1), "rollout_s_per_step": seconds / max(len(records), 1),
+            "rollouts_per_step": spent / max(len(records), 1), "sampler_calls_per_step": mean("sampler_calls"),
+            "slot_utilization": mean("slot_utilization"), "aborted_per_step": mean("rollouts/aborted"),
+            "wasted_tokens_per_step": mean("tokens/wasted"), "trained_length": float(np.nanmean(lengths[1:])),
+            "valid_group_fraction": mean("valid_group_fraction"), "wall_s": wall}
+
+
+def ratios(rows: list[dict]) -> dict:
+    """Seconds per rollout of each method and engine against GRPO's, averaged over seeds."""
+    spr = {}
+    for r in rows:
+        spr.setdefault((r["method"], r["engine"]), []).append(r["s_per_rollout"])
+    spr = {k: float(np.mean(v)) for k, v in spr.items()}
+    out = {}
+    for (method, engine), value in spr.items():
+        for base in ENGINES:
+            if ("grpo", base) in spr:
+                out[f"{method}[{engine}] / grpo[{base}]"] = value / spr[("grpo", base)]
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--methods", nargs="+", default=list(PRESETS), choices=list(PRESETS))
+    p.add_argument("--engines", nargs="+", default=list(ENGINES), choices=list(ENGINES))
+    p.add_argument("--steps", type=int, default=4, help="steps per run; step 1 (compiles) is not measured")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0])
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--set", nargs="*", default=[], dest="overrides", metavar="KEY=VALUE",
+                   help="config overrides for every run, e.g. --set sampling.slots=64")
+    args = p.parse_args(argv)
+    rows = []
+    for seed in args.seeds:
+        for method in args.methods:
+            for engine in args.engines:
+                rows.append(run_one(method, engine, seed, args.steps, args.overrides))
+                print(json.dumps(rows[-1]), file=sys.stderr if args.json else sys.stdout, flush=True)
+    result = {"command": "python benchmarks/rollout_engine.py " + " ".join(sys.argv[1:] if argv is None else argv),
+              "runs": rows, "ratios": ratios(rows)}
+    print(json.dumps(result, indent=1) if args.json else json.dumps(result["ratios"], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,191 @@
+"""The slot engine's functional core: a fixed pool of decode rows ("slots") that the host keeps full.
+
+Shapes: ``R`` slots, ``S`` cache slots per row (positions), ``G`` generation buffer, ``I`` rows one
+insert writes, ``C`` contexts of the step's prefix store, ``V`` vocabulary.
+
+Three pure functions, JetStream's engine API in this project's terms (the host's
+:class:`passrate_jax.sampling.slot_pool.SlotPool` runs the queues and the slots; it jits these):
+
+* :func:`init_slots` -- an empty pool (every row free).
+* :func:`insert` -- start ``I`` rollouts in given free rows: copy each one's context KV from the step's
+  prefix store (so a context is still prefilled once a step), draw its first token from the context's
+  stored logits, reset its output row.
+* :func:`generate_chunk` -- ``k`` one-token decode steps of every live row (k static); a row that stops
+  (a stop id, or its budget) is no longer live and keeps its tokens until the host harvests it.
+
+Randomness is the round sampler's (:func:`passrate_jax.sampling.core.decode`): token ``j`` of a rollout
+is drawn with ``fold_in(row_keys(seed, context id, sample index), j)``, so a rollout's tokens do not
+depend on the slot it runs in, the chunk it starts in or the rows beside it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import nnx, struct
+
+from passrate_jax.model.config import ModelConfig
+from passrate_jax.model.transformer import KVCache, Layout, init_cache
+from passrate_jax.sampling.core import DecodeSettings, PrefillOutput, row_keys
+from passrate_jax.sampling.distributions import sample_tokens
+
+
+@dataclasses.dataclass(frozen=True)
+class ChunkSettings:
+    """Static settings of the engine's programs: the decode settings (``gen_len`` = G) and ``steps``,
+    the decode steps of one chunk (k)."""
+    decode: DecodeSettings
+    steps: int
+
+
+@struct.dataclass
+class SlotInsert:
+    """``I`` rollouts to start (padding entries carry ``slot_i = R``, out of range, and are dropped).
+
+    slot_i: int32 [I] free row to start in. context_row_i: int32 [I] the context's row of the prefix store.
+    context_id_i, sample_index_i: int32 [I] seed the rollout's randomness (as in round mode).
+    context_len_i: int32 [I] context tokens (the first generated token's position). budget_i: int32 [I]
+    new tokens allowed, 1 <= budget <= G.
+    """
+    slot_i: jax.Array
+    context_row_i: jax.Array
+    context_id_i: jax.Array
+    sample_index_i: jax.Array
+    context_len_i: jax.Array
+    budget_i: jax.Array
+
+
+@struct.dataclass
+class SlotState:
+    """The pool; every function returns a new one (the host donates the old).
+
+    live_r: bool [R] the row holds a rollout still generating. last_token_r: int32 [R] its latest token,
+    the next model input, at ``position_r``. stopped_r: bool [R] ended on a stop id. length_r: int32 [R]
+    tokens generated (the column the next one is written to). budget_r: int32 [R]. keys_r: [R] PRNG keys.
+    tokens_rg / logprobs_rg / policy_logprobs_rg: [R, G] the rollout's tokens (pad after its end) and
+    log-probs (sampling distribution, raw policy; 0 after its end). live_steps: int32 [] live rows summed
+    over the decode steps run (slot utilization's numerator); steps: int32 [] decode steps run.
+    cache: KV of every row, slot == position ([layers, R, S, ...], or the per-layer decode form).
+    """
+    live_r: jax.Array
+    last_token_r: jax.Array
+    position_r: jax.Array
+    stopped_r: jax.Array
+    length_r: jax.Array
+    budget_r: jax.Array
+    keys_r: jax.Array
+    tokens_rg: jax.Array
+    logprobs_rg: jax.Array
+    policy_logprobs_rg: jax.Array
+    live_steps: jax.Array
+    steps: jax.Array
+    cache: KVCache
+
+
+def init_slots(model_cfg: ModelConfig, rows: int, slots: int, settings: ChunkSettings) -> SlotState:
+    """An empty pool of ``rows`` rows of ``slots`` positions (the cache in the form decode uses)."""
+    g, pad = settings.decode.gen_len, settings.decode.pad_id
+    cache = init_cache(model_cfg, rows, slots)
+    if not model_cfg.scan_layers:
+        cache = cache.decode_form()
+    zi = jnp.zeros((rows,), jnp.int32)
+    return SlotState(live_r=jnp.zeros((rows,), bool), last_token_r=zi + pad, position_r=zi,
+                     stopped_r=jnp.zeros((rows,), bool), length_r=zi, budget_r=zi,
+                     keys_r=row_keys(jnp.int32(0), zi, zi), tokens_rg=jnp.full((rows, g), pad, jnp.int32),
+                     logprobs_rg=jnp.zeros((rows, g), jnp.float32),
+                     policy_logprobs_rg=jnp.zeros((rows, g), jnp.float32),
+                     live_steps=jnp.zeros((), jnp.int32), steps=jnp.zeros((), jnp.int32), cache=cache)
+
+
+def _put_rows(cache: KVCache, slot_i, k_lisd, v_lisd) -> KVCache:
+    """Write ``I`` rows of stored KV ([layers, I, S, kv, e]) into rows ``slot_i`` of the pool's cache."""
+    if not cache.is_decode_form:
+        return KVCache(k=cache.k.at[:, slot_i].set(k_lisd.astype(cache.k.dtype), mode="drop"),
+                       v=cache.v.at[:, slot_i].set(v_lisd.astype(cache.v.dtype), mode="drop"))
+    ks = tuple(k.at[slot_i].set(jnp.transpose(k_lisd[i], (0, 2, 3, 1)).astype(k.dtype), mode="drop")
+               for i, k in enumerate(cache.k))
+    vs = tuple(v.at[slot_i].set(jnp.transpose(v_lisd[i], (0, 2, 1, 3)).astype(v.dtype), mode="drop")
+               for i, v in enumerate(cache.v))
+    return KVCache(k=ks, v=vs)
+
+
+def _write(state: SlotState, rows, active, token, sample_lp, policy_lp, stop_ids: jax.Array) -> SlotState:
+    """Record one drawn token for the ``active`` entries of ``rows`` (int32 [K] row indices, each at its
+    own column ``length``), and the finish flags."""
+    g = state.tokens_rg.shape[1]
+    col = jnp.where(active, state.length_r[rows], g)  # inactive entries write out of range: dropped
+    length = state.length_r[rows] + active
+    stop_now = active & jnp.isin(token, stop_ids)
+    ended = stop_now | (length >= state.budget_r[rows])
+    row = jnp.where(active, rows, state.live_r.shape[0])
+    put = lambda a, v: a.at[row].set(v, mode="drop")  # noqa: E731
+    return state.replace(
+        tokens_rg=state.tokens_rg.at[rows, col].set(token, mode="drop"),
+        logprobs_rg=state.logprobs_rg.at[rows, col].set(sample_lp, mode="drop"),
+        policy_logprobs_rg=state.policy_logprobs_rg.at[rows, col].set(policy_lp, mode="drop"),
+        length_r=put(state.length_r, length), last_token_r=put(state.last_token_r, token),
+        stopped_r=put(state.stopped_r, stop_now), live_r=put(state.live_r, ~ended))
+
+
+def insert(state: SlotState, store: PrefillOutput, new: SlotInsert, seed: jax.Array, stop_ids: jax.Array,
+           temperature: jax.Array, *, settings: ChunkSettings) -> SlotState:
+    """Start the rollouts ``new`` in their rows: context KV copied from ``store`` (the step's prefix store,
+    [layers, C, T, ...] with T <= S: slots past T start as zeros, and past the context they are written
+    before they are read), the row's output reset, and its first token drawn from the context's stored
+    last logits (round mode's first token). A rollout whose first token ends it is inserted not live."""
+    d = settings.decode
+    r, t = state.live_r.shape[0], store.cache.k.shape[2]
+    s = state.cache.slots
+    take = lambda x: jnp.pad(jnp.take(x, new.context_row_i, axis=1)[:, :, :s],  # noqa: E731
+                             ((0, 0), (0, 0), (0, max(s - t, 0)), (0, 0), (0, 0)))
+    cache = _put_rows(state.cache, new.slot_i, take(store.cache.k), take(store.cache.v))
+    row = jnp.where(new.slot_i < r, new.slot_i, r)
+    put = lambda a, v: a.at[row].set(v, mode="drop")  # noqa: E731
+    keys = row_keys(seed, new.context_id_i, new.sample_index_i)
+    g = state.tokens_rg.shape[1]
+    state = state.replace(
+        cache=cache, live_r=put(state.live_r, True), position_r=put(state.position_r, new.context_len_i),
+        stopped_r=put(state.stopped_r, False), length_r=put(state.length_r, 0),
+        budget_r=put(state.budget_r, new.budget_i), keys_r=state.keys_r.at[row].set(keys, mode="drop"),
+        tokens_rg=state.tokens_rg.at[row].set(jnp.full((g,), d.pad_id, jnp.int32), mode="drop"),
+        logprobs_rg=state.logprobs_rg.at[row].set(0.0, mode="drop"),
+        policy_logprobs_rg=state.policy_logprobs_rg.at[row].set(0.0, mode="drop"))
+    logits = jnp.take(store.last_logits_cv, new.context_row_i, axis=0)
+    draw_keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, 0)
+    drawn = sample_tokens(logits, draw_keys, temperature=temperature, top_k=d.top_k, top_p=d.top_p)
+    return _write(state, new.slot_i, new.slot_i < r, *drawn, stop_ids)
+
+
+def generate_chunk(params: nnx.State, state: SlotState, stop_ids: jax.Array, temperature: jax.Array, *,
+                   graphdef: nnx.GraphDef, settings: ChunkSettings, layout: Layout | None = None) -> SlotState:
+    """Up to ``settings.steps`` decode steps of every live row (the loop exits early once none is live).
+
+    Each step feeds a live row's last token at its position (writing its KV there), then draws and
+    records its next token, exactly as round mode's loop does; rows that are not live are masked out of
+    the cache writes and keep their outputs. ``live_steps`` and ``steps`` count the work for utilization.
+    """
+    model = nnx.merge(graphdef, params)
+    layer_weights = None if model.cfg.scan_layers else model.layer_weights()
+    d = settings.decode
+    r = state.live_r.shape[0]
+    rows = jnp.arange(r, dtype=jnp.int32)
+
+    def cond(carry):
+        i, s = carry
+        return (i < settings.steps) & jnp.any(s.live_r)
+
+    def body(carry):
+        i, s = carry
+        live = s.live_r
+        logits, cache = model(s.last_token_r[:, None], s.position_r[:, None], live[:, None], cache=s.cache,
+                              layout=layout, layer_weights=layer_weights)
+        s = s.replace(cache=cache, position_r=s.position_r + live, live_steps=s.live_steps + jnp.sum(live),
+                      steps=s.steps + 1)
+        keys = jax.vmap(jax.random.fold_in)(s.keys_r, s.length_r)
+        drawn = sample_tokens(logits[:, 0], keys, temperature=temperature, top_k=d.top_k, top_p=d.top_p)
+        return i + 1, _write(s, rows, live, *drawn, stop_ids)
+
+    _, state = jax.lax.while_loop(cond, body, (jnp.zeros((), jnp.int32), state))
+    return state

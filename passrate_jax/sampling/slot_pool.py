@@ -1,0 +1,219 @@
+"""The slot engine's host shell: queues rollouts, keeps the decode slots full, harvests finished rows.
+
+    engine = SlotEngine(sampler, rows=64, chunk=8, length=120)     # jitted programs, once per run
+    pool = engine.pool(store, seed=step_seed)                        # one step's slots (params: the store's)
+    pool.add(Context(ids, num_samples=8, context_id=key), tag=key)   # queued in order
+    while not pool.idle:
+        for done in pool.advance():                                  # rollouts finished a chunk ago
+            ...                                                      # score, decide, pool.add(...) more
+    aborted, wasted = pool.abort()                                   # the step is over: drop the rest
+
+``advance`` starts queued rollouts in free slots (their contexts prefilled into the step's store if it
+does not hold them: one prefill per distinct context a step, as in round mode), dispatches one chunk of
+``chunk`` decode steps, then reads the harvest of the *previous* chunk: the device decodes chunk c while
+the host scores and decides on chunk c - 1 (JAX's asynchronous dispatch), and what the host decides
+starts at chunk c + 1. The lag is fixed, so which chunk a rollout starts and ends in depends only on the
+rollouts' lengths and the host's decisions, never on timing: a seed gives the same run.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from passrate_jax.model.transformer import KVCache
+from passrate_jax.sampling import engine as core
+from passrate_jax.sampling.config import SamplingConfig
+from passrate_jax.sampling.prefix_store import PrefixStore
+from passrate_jax.sampling.rows import Context, bucket
+from passrate_jax.sampling.sampler import Sampler
+
+
+@dataclasses.dataclass(frozen=True)
+class Finished:
+    """A rollout the pool finished: its ``tag`` (given to :meth:`SlotPool.add`), sample index, generated
+    ids (stop token included), whether it ended on a stop id, and its policy log-probs."""
+    tag: object
+    sample_index: int
+    ids: list[int]
+    stopped: bool
+    policy_logprobs: np.ndarray
+
+
+@dataclasses.dataclass(frozen=True)
+class _Queued:
+    context: Context
+    tag: object
+    sample_index: int
+
+
+class SlotEngine:
+    """The jitted insert and chunk programs of one sampler (model, mesh, buckets), and the pool's static
+    sizes: ``rows`` slots (rounded up to the row shards), ``chunk`` decode steps per chunk, ``length``
+    positions per row (every context with its budget must fit; default: the sampler's reserved store
+    slots), ``insert_rows`` rollouts started per insert program (more are started by several)."""
+
+    def __init__(self, sampler: Sampler, *, rows: int, chunk: int, length: int | None = None,
+                 insert_rows: int = 16, cfg: SamplingConfig | None = None):
+        self.sampler, self.cfg = sampler, cfg or sampler.cfg
+        self.rows = bucket(rows, (rows,), sampler.row_shards)
+        self.length = length or sampler.store_capacity[1]
+        if chunk < 1 or self.length < 1:
+            raise ValueError(f"SlotEngine: chunk = {chunk}, length = {self.length}: both must be >= 1 "
+                             f"(length: reserve the sampler's store or pass the positions a row needs)")
+        self.insert_rows = insert_rows
+        gen = bucket(self.cfg.max_new_tokens, self.cfg.generation_buckets)
+        self.settings = core.ChunkSettings(core.DecodeSettings(
+            top_k=int(self.cfg.top_k), top_p=float(self.cfg.top_p), pad_id=sampler.pad_id, gen_len=gen), chunk)
+        mesh, rows1, rows2 = sampler.mesh, sampler._rows1, sampler._rows2
+        row_axes = rows1.spec[0]
+        state = jax.eval_shape(lambda: core.init_slots(sampler.model_cfg, self.rows, self.length, self.settings))
+        if state.cache.is_decode_form:  # per-layer [R, kv, ., .] buffers
+            cache = jax.tree.map(lambda _: NamedSharding(mesh, P(row_axes)), state.cache)
+        else:
+            cache = KVCache(*(NamedSharding(mesh, P(None, row_axes)),) * 2)
+        replicated = NamedSharding(mesh, P())
+        self.state_shardings = core.SlotState(
+            live_r=rows1, last_token_r=rows1, position_r=rows1, stopped_r=rows1, length_r=rows1, budget_r=rows1,
+            keys_r=rows1, tokens_rg=rows2, logprobs_rg=rows2, policy_logprobs_rg=rows2, live_steps=replicated,
+            steps=replicated, cache=cache)
+        self._replicated = replicated
+        new = core.SlotInsert(*(replicated,) * 6)
+        self._init = jax.jit(self._init_impl, out_shardings=self.state_shardings)
+        self._insert = jax.jit(self._insert_impl, donate_argnums=(0,), out_shardings=self.state_shardings,
+                               in_shardings=(self.state_shardings, sampler._store_shardings, new, replicated,
+                                             replicated, replicated))
+        harvest = (rows1, rows1, rows1, rows2, rows2, replicated, replicated)
+        self._chunk = jax.jit(self._chunk_impl, donate_argnums=(1,), out_shardings=(self.state_shardings, harvest),
+                              in_shardings=(sampler.param_shardings, self.state_shardings, replicated, replicated))
+
+    # ------------------------------------------------------------------ jitted programs
+    def _init_impl(self):
+        return core.init_slots(self.sampler.model_cfg, self.rows, self.length, self.settings)
+
+    def _insert_impl(self, state, store, new, seed, stop_ids, temperature):
+        self.sampler.compilations += 1  # once per trace, i.e. per compiled program
+        return core.insert(state, store, new, seed, stop_ids, temperature, settings=self.settings)
+
+    def _chunk_impl(self, params, state, stop_ids, temperature):
+        self.sampler.compilations += 1
+        state = core.generate_chunk(params, state, stop_ids, temperature, graphdef=self.sampler.graphdef,
+                                    settings=self.settings, layout=self.sampler.layout)
+        # The harvest is copied out, so the host may read it while the next chunk updates the donated state.
+        return state, (state.live_r, state.length_r, state.stopped_r, state.tokens_rg, state.policy_logprobs_rg,
+                       state.live_steps, state.steps)
+
+    def pool(self, store: PrefixStore, *, seed: int) -> SlotPool:
+        """An empty pool for one step: rollouts sample under ``store.params`` with ``seed``."""
+        return SlotPool(self, store, seed)
+
+
+class SlotPool:
+    """One step's slots (see the module docstring). Counters: ``chunks`` (chunk programs run),
+    ``inserts`` (insert programs run), ``live_steps`` / ``slot_steps`` (live rows and slots summed over the
+    decode steps run: their ratio is :attr:`utilization`), ``generated`` (tokens of finished rollouts)."""
+
+    def __init__(self, engine: SlotEngine, store: PrefixStore, seed: int):
+        self.engine, self.store, self.seed = engine, store, int(seed)
+        s = engine.sampler
+        stop = list(dict.fromkeys(i for i in (s.eos_id, *engine.cfg.stop_token_ids) if i is not None))
+        stop_ids = np.full(bucket(len(stop), (8,)), -1, np.int32)
+        stop_ids[:len(stop)] = stop
+        self._scalars = jax.device_put((np.int32(self.seed), stop_ids, np.float32(engine.cfg.temperature)),
+                                       engine._replicated)
+        self.state = engine._init()
+        self.queue: collections.deque[_Queued] = collections.deque()
+        self.occupant: list[tuple[_Queued, int] | None] = [None] * engine.rows  # (rollout, first chunk)
+        self._harvests: collections.deque = collections.deque()  # (chunk index, device arrays)
+        self.chunks = self.inserts = self.live_steps = self.slot_steps = self.generated = 0
+
+    @property
+    def idle(self) -> bool:
+        """Nothing queued, running or waiting to be harvested."""
+        return not self.queue and not self._harvests and all(o is None for o in self.occupant)
+
+    @property
+    def utilization(self) -> float:
+        return self.live_steps / self.slot_steps if self.slot_steps else float("nan")
+
+    def add(self, context: Context, tag) -> None:
+        """Queue ``context.num_samples`` rollouts (sample indices from ``context.first_sample_index``)."""
+        budget = context.max_new_tokens or self.engine.cfg.max_new_tokens
+        if len(context.ids) + budget > self.engine.length:
+            raise ValueError(f"context {context.context_id}: {len(context.ids)} ids + {budget} new tokens exceed "
+                             f"the engine's {self.engine.length} positions per row")
+        for j in range(context.num_samples):
+            self.queue.append(_Queued(context, tag, context.first_sample_index + j))
+
+    def advance(self) -> list[Finished]:
+        """Start queued rollouts in free slots, dispatch one chunk, and return the rollouts that finished
+        in the chunk before it (in slot order), freeing their slots."""
+        self._start_queued()
+        dispatched = any(o is not None for o in self.occupant)
+        if dispatched:
+            self.state, harvest = self.engine._chunk(self.store.params, self.state, *self._scalars[1:])
+            self._harvests.append((self.chunks, harvest))
+            self.chunks += 1
+        out = []
+        while len(self._harvests) > (1 if dispatched else 0):
+            out += self._read(*self._harvests.popleft())
+        return out
+
+    def abort(self) -> tuple[int, int]:
+        """End the step: drop queued and running rollouts (and finished ones not yet delivered).
+        Returns (rollouts dropped, tokens they had generated)."""
+        dropped = len(self.queue)
+        wasted = 0
+        while self._harvests:
+            for f in self._read(*self._harvests.popleft()):
+                dropped, wasted = dropped + 1, wasted + len(f.ids)
+        if any(o is not None for o in self.occupant):
+            length = np.asarray(jax.device_get(self.state.length_r))
+            for slot, o in enumerate(self.occupant):
+                if o is not None:
+                    dropped, wasted = dropped + 1, wasted + int(length[slot])
+        self.queue.clear()
+        self.occupant = [None] * self.engine.rows
+        return dropped, wasted
+
+    # ------------------------------------------------------------------ host steps
+    def _start_queued(self) -> None:
+        free = [i for i, o in enumerate(self.occupant) if o is None]
+        items = [self.queue.popleft() for _ in range(min(len(free), len(self.queue)))]
+        if not items:
+            return
+        contexts = list({id(q.context): q.context for q in items}.values())
+        rows = dict(zip(map(id, contexts), self.engine.sampler._prefill_missing(self.store, contexts, self.engine.cfg)))
+        n = self.engine.insert_rows
+        for start in range(0, len(items), n):
+            batch, slots = items[start:start + n], free[start:start + n]
+            column = np.full((6, n), 0, np.int32)
+            column[0] = self.engine.rows  # padding entries: out of range, dropped
+            for i, (q, slot) in enumerate(zip(batch, slots)):
+                c = q.context
+                column[:, i] = (slot, rows[id(c)], c.context_id if c.context_id is not None else 0, q.sample_index,
+                                len(c.ids), c.max_new_tokens or self.engine.cfg.max_new_tokens)
+                self.occupant[slot] = (q, self.chunks)
+            self.state = self.engine._insert(self.state, self.store.arrays, core.SlotInsert(*column),
+                                             *self._scalars)
+            self.inserts += 1
+
+    def _read(self, chunk: int, harvest) -> list[Finished]:
+        live, length, stopped, tokens, policy_lp, live_steps, steps = (np.asarray(x) for x in jax.device_get(harvest))
+        self.live_steps, self.slot_steps = int(live_steps), int(steps) * self.engine.rows
+        out = []
+        for slot, o in enumerate(self.occupant):
+            # A rollout started after this chunk ran is not in its harvest.
+            if o is None or o[1] > chunk or live[slot]:
+                continue
+            m = int(length[slot])
+            out.append(Finished(o[0].tag, o[0].sample_index, tokens[slot, :m].tolist(), bool(stopped[slot]),
+                                policy_lp[slot, :m]))
+            self.generated += m
+            self.occupant[slot] = None
+        return out
+

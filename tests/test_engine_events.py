@@ -1,0 +1,181 @@
+"""Allocation driven by group events (rollout/events.py, the machine's event mode) against round mode,
+without a model: a fake slot stream whose rollouts have given lengths and rewards.
+
+- Every answer the same length and a chunk at least that long: each round retires in one event, so the
+  engine makes exactly round mode's decisions, for every method (trained groups, rollouts spent,
+  rounds, abandoned prompts, and the allocator state carried to the next step).
+- No length bias: with short answers right and long answers wrong, DS in the engine trains exactly
+  round mode's groups (the first B valid groups in opening order), not those that finish first.
+"""
+
+import collections
+import dataclasses
+import zlib
+
+import jax
+import numpy as np
+import pytest
+
+from passrate_jax.allocation import Allocator, state_to_dict
+from passrate_jax.allocation.config import (AllocationConfig, DSConfig, PrefixSamplingConfig, SaraConfig,
+                                            SelectionConfig)
+from passrate_jax.rollout.events import collect_rollouts_events
+from passrate_jax.rollout.loop import collect_rollouts
+
+PROMPTS = 96
+
+
+def reward_of(seed: int, key: int, prompt: int, index: int) -> int:
+    """A success with the prompt's pass rate (prompts spread over [0, 1]), drawn from the rollout's identity."""
+    u = zlib.crc32(f"{seed}/{key}/{index}".encode()) / 2 ** 32
+    return int(u < (prompt % 11) / 10)
+
+
+class FakeStream:
+    """The slot pool's timing (see sampling/slot_pool.py): ``slots`` rows; a rollout's first token comes
+    with its insert, then ``chunk`` tokens a chunk; finished rollouts are delivered one chunk late."""
+
+    def __init__(self, backend, seed: int):
+        self.backend, self.seed = backend, seed
+        self.queue = collections.deque()
+        self.occupant = [None] * backend.slots
+        self.harvests = collections.deque()
+        self.chunks = self.live_steps = self.slot_steps = 0
+
+    @property
+    def idle(self):
+        return not self.queue and not self.harvests and all(o is None for o in self.occupant)
+
+    def add(self, request, tag):
+        for j in range(request.num_rollouts):
+            rollout = (request.group_key, request.prompt_id, request.first_index + j, self.seed)
+            self.queue.append((tag, request.first_index + j, rollout, self.backend.length(rollout)))
+
+    def advance(self):
+        free = [i for i, o in enumerate(self.occupant) if o is None]
+        for slot in free[:len(self.queue)]:
+            self.occupant[slot] = [self.queue.popleft(), 1, self.chunks]
+        dispatched = any(o is not None for o in self.occupant)
+        if dispatched:
+            for o in self.occupant:
+                if o is not None and o[1] < o[0][3]:
+                    o[1] = min(o[0][3], o[1] + self.backend.chunk)
+            self.harvests.append([(s, o) for s, o in enumerate(self.occupant) if o is not None and o[1] >= o[0][3]])
+            self.chunks += 1
+        out = []
+        while len(self.harvests) > (1 if dispatched else 0):
+            for slot, o in self.harvests.popleft():
+                if self.occupant[slot] is o:
+                    out.append(o[0][:3])
+                    self.occupant[slot] = None
+        return out
+
+    def abort(self):
+        n = len(self.queue) + sum(o is not None for o in self.occupant)
+        self.queue.clear()
+        self.occupant = [None] * len(self.occupant)
+        self.harvests.clear()
+        return n, 0
+
+    def counters(self):
+        return {"sampler_calls": self.chunks}
+
+
+class FakeBackend:
+    """Rollouts are (group key, prompt, index, seed); ``length(rollout)`` tokens each; reward :func:`reward_of`."""
+
+    def __init__(self, length, slots: int = 100_000, chunk: int = 8):
+        self.length, self.slots, self.chunk = length, slots, chunk
+        self.trained_lengths = []
+
+    def open_step(self, params):
+        pass
+
+    def close_step(self):
+        return {}
+
+    def contexts(self, requests):
+        return list(requests)
+
+    def generate(self, contexts, params, seed):
+        return [[(r.group_key, r.prompt_id, r.first_index + j, seed) for j in range(r.num_rollouts)] for r in contexts]
+
+    def score(self, requests, rollouts):
+        flat = [x for rs in rollouts for x in rs]
+        return {"reward": np.array([reward_of(s, k, p, i) for k, p, i, s in flat], np.int64),
+                "truncated": np.zeros(len(flat), bool), "verifier_error": np.zeros(len(flat), bool)}
+
+    def record(self, requests, rollouts, scores):
+        pass
+
+    def metrics(self, table):
+        return {}
+
+    def stream(self, params, seed):
+        return FakeStream(self, seed)
+
+
+def run_steps(collect, allocation: AllocationConfig, ps: PrefixSamplingConfig, backend, steps: int = 3):
+    allocator = Allocator(allocation, ps, num_prompts=PROMPTS)
+    state, out = allocator.init(jax.random.PRNGKey(3)), []
+    for step in range(steps):
+        ro = collect(allocator, state, backend, None, seed=step)
+        state = ro.state
+        r = ro.result
+        out.append({"groups": [(g.group_key, g.prompt_id, g.rewards, g.prefix) for g in r.groups],
+                    "spent": r.rollouts_spent, "rounds": r.rounds, "abandoned": sorted(r.abandoned),
+                    "retained": sorted(r.retained_keys), "replay": r.replay_rollouts.tolist(),
+                    "state": {k: v.tolist() for k, v in state_to_dict(state).items()}, "engine": ro.engine})
+    return out
+
+
+B, N = 4, 8
+METHODS = {
+    "grpo": (AllocationConfig(method="uniform", num_prompts=B, group_size=N), PrefixSamplingConfig()),
+    "ds": (AllocationConfig(method="ds", num_prompts=B, group_size=N), PrefixSamplingConfig()),
+    "ideal_ds": (AllocationConfig(method="ds", num_prompts=B, group_size=N, ds=DSConfig(keep_surplus=True)),
+                 PrefixSamplingConfig()),
+    "sara_fill": (AllocationConfig(method="sara", num_prompts=B, group_size=N), PrefixSamplingConfig()),
+    "sara_fixed": (AllocationConfig(method="sara", num_prompts=B, group_size=N,
+                                    sara=SaraConfig(mode="fixed_budget")), PrefixSamplingConfig()),
+    "pilot_commit": (AllocationConfig(method="pilot_commit", num_prompts=B, group_size=N), PrefixSamplingConfig()),
+    "mopps": (AllocationConfig(method="uniform", num_prompts=B, group_size=N,
+                               selection=SelectionConfig(method="mopps")), PrefixSamplingConfig()),
+    "sara_dps": (AllocationConfig(method="sara", num_prompts=B, group_size=N,
+                                  selection=SelectionConfig(method="dps")), PrefixSamplingConfig()),
+    "ps": (AllocationConfig(method="uniform", num_prompts=B, group_size=N), PrefixSamplingConfig(enabled=True)),
+    "ps_same_step": (AllocationConfig(method="ds", num_prompts=B, group_size=N),
+                     PrefixSamplingConfig(enabled=True, timing="same_step")),
+    "ps_on_top_sara": (AllocationConfig(method="sara", num_prompts=B, group_size=N),
+                       PrefixSamplingConfig(enabled=True, placement="on_top", mode="fixed")),
+}
+
+
+@pytest.mark.parametrize("method", list(METHODS))
+def test_equal_lengths_make_round_mode_decisions(method):
+    allocation, ps = METHODS[method]
+    backend = FakeBackend(length=lambda rollout: 6, chunk=6)
+    rounds = run_steps(collect_rollouts, allocation, ps, backend)
+    events = run_steps(collect_rollouts_events, allocation, ps, backend)
+    for r, e in zip(rounds, events):
+        assert {k: v for k, v in e.items() if k != "engine"} == {k: v for k, v in r.items() if k != "engine"}
+        assert e["engine"]["rollouts/aborted"] == 0  # rounds end together: nothing left in flight
+    assert all(r["groups"] for r in rounds)
+
+
+@pytest.mark.parametrize("slots", [100_000, 24])
+def test_no_length_bias_ds_trains_round_mode_groups(slots):
+    """The easier the prompt, the shorter its answers (and a wrong answer 5 tokens longer): the first valid
+    groups to *finish* are the easiest, yet DS in the engine must train the groups round mode trains
+    (its first B valid in opening order)."""
+    def length(rollout):
+        key, prompt, index, seed = rollout
+        return 2 + 2 * (10 - prompt % 11) + 5 * (1 - reward_of(seed, key, prompt, index))
+
+    allocation = AllocationConfig(method="ds", num_prompts=B, group_size=N)
+    rounds = run_steps(collect_rollouts, allocation, PrefixSamplingConfig(), FakeBackend(length, chunk=2), steps=4)
+    events = run_steps(collect_rollouts_events, allocation, PrefixSamplingConfig(),
+                       FakeBackend(length, slots=slots, chunk=2), steps=4)
+    for r, e in zip(rounds, events):
+        assert [g[:3] for g in e["groups"]] == [g[:3] for g in r["groups"]]
+    assert sum(e["engine"]["rollouts/aborted"] for e in events) > 0  # groups not needed were cut short
