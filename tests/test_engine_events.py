@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from passrate_jax.allocation import Allocator, state_to_dict
-from passrate_jax.allocation.config import (AllocationConfig, DSConfig, PrefixSamplingConfig, SaraConfig,
-                                            SelectionConfig)
+from passrate_jax.allocation.config import (AllocationConfig, DSConfig, PilotCommitConfig, PrefixSamplingConfig,
+                                            SaraConfig, SelectionConfig)
 from passrate_jax.rollout.events import collect_rollouts_events
 from passrate_jax.rollout.loop import collect_rollouts
 
@@ -139,6 +139,10 @@ METHODS = {
     "sara_fixed": (AllocationConfig(method="sara", num_prompts=B, group_size=N,
                                     sara=SaraConfig(mode="fixed_budget")), PrefixSamplingConfig()),
     "pilot_commit": (AllocationConfig(method="pilot_commit", num_prompts=B, group_size=N), PrefixSamplingConfig()),
+    "pilot_commit_budgeted": (AllocationConfig(method="pilot_commit", num_prompts=B, group_size=N,
+                                               pilot_commit=PilotCommitConfig(mode="budgeted", pilot_fraction=0.5,
+                                                                              p_low=0.25, p_high=0.25)),
+                              PrefixSamplingConfig()),
     "mopps": (AllocationConfig(method="uniform", num_prompts=B, group_size=N,
                                selection=SelectionConfig(method="mopps")), PrefixSamplingConfig()),
     "sara_dps": (AllocationConfig(method="sara", num_prompts=B, group_size=N,
