@@ -5,9 +5,9 @@ checkout (``.cache/jax``, git-ignored) and one warm-start cache (``.cache/passra
 caller set them. Every subprocess and notebook kernel a test starts inherits both, so a program one
 test compiles is loaded, not compiled, by every later test, process and run of the suite.
 
-Groups (``pytest -n 2 --dist loadgroup``, from pyproject.toml): a test that uses one of the fixtures in
-``GROUP_OF_FIXTURE`` runs on the worker that holds that fixture's one instance; ungrouped tests are
-spread one by one. Groups are scheduled before single tests, the largest first (xdist's reorder).
+Groups (``pytest -n 2 --dist loadgroup``, from pyproject.toml): the files in ``GROUP_OF_FILE`` (those
+using an expensive session fixture) run on one worker per group, so the fixture is built once; other
+tests are spread one by one. Groups are scheduled before single tests, the largest first.
 """
 
 import dataclasses
@@ -36,6 +36,7 @@ import jax  # noqa: E402  after the environment above, which JAX reads at import
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from flax import nnx  # noqa: E402
+from xdist.scheduler import LoadScopeScheduling  # noqa: E402
 
 # In case a plugin imported JAX before this file set the environment.
 jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
@@ -44,17 +45,29 @@ jax.config.update("jax_persistent_cache_min_compile_time_secs",
 jax.config.update("jax_compilation_cache_max_size", int(os.environ["JAX_COMPILATION_CACHE_MAX_SIZE"]))
 
 # --- xdist groups ---------------------------------------------------------------------------------------
-# A fixture of session scope that is expensive to build (a trained warm start, the shipped default run) is
-# built once per worker that needs it: its tests share one group, so one worker builds it once.
-GROUP_OF_FIXTURE = {"warm_start_cache": "warm_start", "shipped_default_run": "shipped_default"}
+# A session fixture that is expensive to build (the shipped default run, a trained warm start) is built once
+# per worker that needs it, so the files that use it go to one worker as one unit. xdist's own
+# `--dist loadgroup` reads groups from node-id suffixes that pytest 9 no longer lets it write (every test
+# ran alone), so the suite schedules its groups itself: by file, in GROUP_OF_FILE. A new test file that
+# uses one of these fixtures joins the fixture's group here. Groups are handed out first, the largest first
+# (xdist's reorder); every other test is a unit of its own.
+GROUP_OF_FILE = {"tests/test_as_shipped.py": "shipped_default",       # shipped_default_run
+                 "tests/test_presets_real.py": "warm_start",           # warm_start_cache
+                 "tests/test_sharding_loop.py": "warm_start"}
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook turns the marks into node-id suffixes
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        for fixture, group in GROUP_OF_FIXTURE.items():
-            if fixture in getattr(item, "fixturenames", ()):
-                item.add_marker(pytest.mark.xdist_group(group))
+class GroupScheduling(LoadScopeScheduling):
+    """``--dist loadgroup`` with the groups of GROUP_OF_FILE."""
+
+    def _split_scope(self, nodeid: str) -> str:
+        return GROUP_OF_FILE.get(nodeid.split("::", 1)[0], nodeid)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") == "loadgroup":
+        return GroupScheduling(config, log)
+
 
 # --- model: tiny Hugging Face reference checkpoints (no download) -----------------------------------
 
