@@ -60,7 +60,10 @@ class GroupScheduling(LoadScopeScheduling):
     """``--dist loadgroup`` with the groups of GROUP_OF_FILE."""
 
     def _split_scope(self, nodeid: str) -> str:
-        return GROUP_OF_FILE.get(nodeid.split("::", 1)[0], nodeid)
+        # Every other file is a unit of its own too: its module-scoped fixtures are then built once and
+        # its tests run in order, as they do in one process.
+        path = nodeid.split("::", 1)[0]
+        return GROUP_OF_FILE.get(path, path)
 
 
 @pytest.hookimpl(optionalhook=True)
