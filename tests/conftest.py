@@ -6,8 +6,8 @@ caller set them. Every subprocess and notebook kernel a test starts inherits bot
 test compiles is loaded, not compiled, by every later test, process and run of the suite.
 
 Groups (``pytest -n 2 --dist loadgroup``, from pyproject.toml): the files in ``GROUP_OF_FILE`` (those
-using an expensive session fixture) run on one worker per group, so the fixture is built once; other
-tests are spread one by one. Groups are scheduled before single tests, the largest first.
+using an expensive session fixture) run on one worker per group, so the fixture is built once; every other
+file is one unit. Groups are scheduled before single tests, the largest first.
 """
 
 import dataclasses
@@ -50,7 +50,7 @@ jax.config.update("jax_compilation_cache_max_size", int(os.environ["JAX_COMPILAT
 # `--dist loadgroup` reads groups from node-id suffixes that pytest 9 no longer lets it write (every test
 # ran alone), so the suite schedules its groups itself: by file, in GROUP_OF_FILE. A new test file that
 # uses one of these fixtures joins the fixture's group here. Groups are handed out first, the largest first
-# (xdist's reorder); every other test is a unit of its own.
+# (xdist's reorder); every other file is a unit of its own.
 GROUP_OF_FILE = {"tests/test_as_shipped.py": "shipped_default",       # shipped_default_run
                  "tests/test_presets_real.py": "warm_start",           # warm_start_cache
                  "tests/test_sharding_loop.py": "warm_start"}
