@@ -1,12 +1,76 @@
-"""Shared test fixtures."""
+"""Shared test fixtures, the suite's caches and its xdist groups (docs/testing.md).
 
+Caches: before JAX is imported, the environment gets one persistent compilation cache inside the
+checkout (``.cache/jax``, git-ignored) and one warm-start cache (``.cache/passrate-jax``), unless the
+caller set them. Every subprocess and notebook kernel a test starts inherits both, so a program one
+test compiles is loaded, not compiled, by every later test, process and run of the suite.
+
+Groups (``pytest -n 2 --dist loadgroup``, from pyproject.toml): the files in ``GROUP_OF_FILE`` (those
+using an expensive session fixture) run on one worker per group, so the fixture is built once; every other
+file is one unit. Groups are scheduled before single tests, the largest first.
+"""
+
+import dataclasses
 import functools
 import gc
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
-import jax
-import numpy as np
-import pytest
-from flax import nnx
+ROOT = Path(__file__).resolve().parent.parent
+CACHE = ROOT / ".cache"
+# Compile times of the suite's small programs are 0.1-1 s on 2 cores; JAX's default (1 s) cached almost
+# none of them. A size cap turns on JAX's file lock, so two xdist workers write the cache safely.
+SUITE_ENV = {"JAX_COMPILATION_CACHE_DIR": str(CACHE / "jax"),
+             "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0.1",
+             "JAX_COMPILATION_CACHE_MAX_SIZE": str(8 * 2**30),
+             "PASSRATE_JAX_CACHE": str(CACHE / "passrate-jax")}
+for _name, _value in SUITE_ENV.items():
+    os.environ.setdefault(_name, _value)
+
+import jax  # noqa: E402  after the environment above, which JAX reads at import
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from flax import nnx  # noqa: E402
+from xdist.scheduler import LoadScopeScheduling  # noqa: E402
+
+# In case a plugin imported JAX before this file set the environment.
+jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
+jax.config.update("jax_persistent_cache_min_compile_time_secs",
+                  float(os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]))
+jax.config.update("jax_compilation_cache_max_size", int(os.environ["JAX_COMPILATION_CACHE_MAX_SIZE"]))
+
+# --- xdist groups ---------------------------------------------------------------------------------------
+# A session fixture that is expensive to build (the shipped default run, a trained warm start) is built once
+# per worker that needs it, so the files that use it go to one worker as one unit. xdist's own
+# `--dist loadgroup` reads groups from node-id suffixes that pytest 9 no longer lets it write (every test
+# ran alone), so the suite schedules its groups itself: by file, in GROUP_OF_FILE. A new test file that
+# uses one of these fixtures joins the fixture's group here. Groups are handed out first, the largest first
+# (xdist's reorder); every other file is a unit of its own.
+GROUP_OF_FILE = {"tests/test_as_shipped.py": "shipped_default",       # shipped_default_run
+                 "tests/test_presets_real.py": "warm_start",           # warm_start_cache
+                 "tests/test_sharding_loop.py": "warm_start"}
+
+
+class GroupScheduling(LoadScopeScheduling):
+    """``--dist loadgroup`` with the groups of GROUP_OF_FILE."""
+
+    def _split_scope(self, nodeid: str) -> str:
+        # Every other file is a unit of its own too: its module-scoped fixtures are then built once and
+        # its tests run in order, as they do in one process.
+        path = nodeid.split("::", 1)[0]
+        return GROUP_OF_FILE.get(path, path)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") == "loadgroup":
+        return GroupScheduling(config, log)
+
 
 # --- model: tiny Hugging Face reference checkpoints (no download) -----------------------------------
 
@@ -114,15 +178,6 @@ def warm_start_cache(tmp_path_factory):
     return tmp_path_factory.mktemp("warm_start_cache")
 
 
-# --- compile cache: identical programs built by different tests (every end-to-end run builds the same
-# sampler and update programs) compile once per machine instead of once per test.
-import os as _os
-import tempfile as _tempfile
-
-jax.config.update("jax_compilation_cache_dir", _os.path.join(_tempfile.gettempdir(), "passrate-jax-test-xla-cache"))
-jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
-
-
 # --- memory maps: XLA:CPU gives each compiled kernel its own memory mappings, and JAX's caches keep every
 # program the suite compiles alive. One pytest process compiles thousands of programs, enough to reach
 # Linux's per-process limit (vm.max_map_count, 65530 by default), where the next compile fails inside
@@ -155,3 +210,51 @@ def _release_compiled_programs():
     if count is not None and count > _CLEAR_ABOVE_MAPS:
         jax.clear_caches()
         gc.collect()
+
+
+# --- the shipped default, as shipped ---------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class ShippedRun:
+    """One run of the README's first command (``configs/default.yaml`` unchanged), killed with SIGKILL
+    between two checkpoints and resumed to its end. ``killed_records``: metrics.jsonl as the killed
+    attempt left it; ``resume_output``: what the resumed attempt printed."""
+    run_dir: Path
+    killed_records: list
+    resume_output: str
+
+
+def steps_written(run_dir) -> list[int]:
+    """The steps of ``run_dir/metrics.jsonl``'s complete lines (a running process may be mid-line)."""
+    path = Path(run_dir) / "metrics.jsonl"
+    lines = path.read_text().splitlines(keepends=True) if path.exists() else []
+    return [json.loads(line)["step"] for line in lines if line.endswith("\n")]
+
+
+SHIPPED_KILL_AFTER = (10, 12)  # SIGKILL once step 10's checkpoint is complete and step 12 is recorded
+
+
+@pytest.fixture(scope="session")
+def shipped_default_run(tmp_path_factory) -> ShippedRun:
+    """``passrate-jax train --config configs/default.yaml`` in a subprocess, as the README runs it (its
+    800-step warm start, from the suite's warm-start cache when a previous run of the suite trained it;
+    25 steps; the task verifier), killed once and resumed. About 5 minutes on 2 idle cores, so its tests
+    share it (xdist group ``shipped_default``)."""
+    from passrate_jax.run.metrics import read_jsonl
+
+    run_dir = tmp_path_factory.mktemp("shipped") / "default"
+    cmd = [sys.executable, "-m", "passrate_jax.cli.main", "train", "--config", "configs/default.yaml",
+           "--run-dir", str(run_dir), "--no-progress"]
+    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
+    checkpoint, record = SHIPPED_KILL_AFTER
+    with open(run_dir.parent / "killed.log", "w") as log:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        while proc.poll() is None and not ((run_dir / "checkpoints" / str(checkpoint)).is_dir()
+                                           and record in steps_written(run_dir)):
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL, (run_dir.parent / "killed.log").read_text()[-3000:]
+    killed_records = read_jsonl(run_dir / "metrics.jsonl")
+    resumed = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    return ShippedRun(run_dir, killed_records, resumed.stdout + resumed.stderr)

@@ -60,7 +60,13 @@ def test_every_composition(method, selection, ps):
     for r in seen:
         if r.prefix is not None:
             assert 0 < r.prefix.cut_ratio < 1 and r.num_rollouts == N and r.first_index == 0
-    assert (method == "sara") == (max(r.num_rollouts for r in seen if r.prefix is None) < N) or method == "pilot_commit"
+    # How fresh prompts are sampled, as (first rollout index, rollouts): uniform and DS in whole groups;
+    # SARA in probes of its round schedule [2, 2, N - 4], a group confirmed after its first probe completed
+    # to N at once; Pilot-Commit in a pilot of n_p = N / 4 and a commit of the other N - n_p.
+    fresh = {(r.first_index, r.num_rollouts) for r in seen if r.prefix is None}
+    expected = {"uniform": {(0, N)}, "ds": {(0, N)}, "sara": {(0, 2), (2, 2), (2, N - 2), (4, N - 4)},
+                "pilot_commit": {(0, N // 4), (N // 4, N - N // 4)}}[method]
+    assert fresh <= expected and (0, min(n for _, n in expected)) in fresh, fresh
 
 
 def test_sara_abandons_unanimous_prompts_after_two_probes_and_respects_budget():

@@ -5,6 +5,7 @@ import errno
 import os
 from collections import namedtuple
 
+import numpy as np
 import pytest
 
 from passrate_jax.run import session as session_module
@@ -12,7 +13,9 @@ from passrate_jax.run.config import load_config
 from passrate_jax.configlib import ConfigError
 from passrate_jax.run.metrics import read_jsonl
 from passrate_jax.run.train import train
-from tests.test_train_e2e import TINY, hash_reward
+from passrate_jax.run.checkpoint import RunCheckpointer
+from tests.conftest import saved_params
+from tests.test_train_e2e import TINY, _comparable, hash_reward
 
 
 @pytest.fixture
@@ -106,23 +109,43 @@ def test_run_dir_without_room_for_a_checkpoint_fails_before_training(tmp_path, m
 
 
 def test_disk_full_during_a_checkpoint_stops_the_run_and_it_resumes(tmp_path, monkeypatch):
-    """A save that hits ENOSPC stops the run with the OS error (no silent loss); the checkpoint before
-    it is intact, and rerunning resumes from it with every step recorded once."""
-    from passrate_jax.run.checkpoint import RunCheckpointer
+    """With the shipped asynchronous saves, a save whose background write hits ENOSPC (its arrays written
+    for real into Orbax's temporary directory, then the write of its JSON record fails) stops the run
+    with the OS error at the next save, or at the end of the run when it was the last one: never a silent
+    loss. The checkpoint before it is intact, and rerunning resumes from it and ends bit for bit where an
+    uninterrupted run ends, every step recorded once."""
+    import orbax.checkpoint as ocp
     monkeypatch.setattr(session_module.Session, "score", lambda self, records, texts: hash_reward(records, texts))
-    original = RunCheckpointer.save
+    write_json = ocp.JsonCheckpointHandler._save_fn
+    full_at = set()
 
-    def save(self, step, state, meta):
-        if step == 2:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), self.path)
-        return original(self, step, state, meta)
+    async def write_json_or_fail(self, item, directory):  # runs in Orbax's background commit thread
+        step = int(os.path.basename(os.path.dirname(os.fspath(directory))).split(".")[0])
+        if step in full_at:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), os.fspath(directory))
+        return await write_json(self, item, directory)
 
-    cfg = load_config(None, TINY + ["steps=3", "checkpoint.every_steps=1"])
-    monkeypatch.setattr(RunCheckpointer, "save", save)
-    with pytest.raises(OSError, match="No space left on device"):
-        train(cfg, str(tmp_path), progress=False, log=lambda *a: None)
-    monkeypatch.setattr(RunCheckpointer, "save", original)
-    logs = []
-    train(cfg, str(tmp_path), progress=False, log=logs.append)
-    assert any("from the checkpoint of step 1" in str(line) for line in logs)
-    assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [0, 1, 2, 3]
+    monkeypatch.setattr(ocp.JsonCheckpointHandler, "_save_fn", write_json_or_fail)
+    cfg = load_config(None, [o for o in TINY if not o.startswith("checkpoint.")] + ["steps=3", "checkpoint.every_steps=1"])
+    assert cfg.checkpoint.async_save  # the shipped default
+    for failing_step, previous in ((2, 1), (3, 2)):  # a save in the middle, the run's last save
+        run_dir = tmp_path / f"fails_at_{failing_step}"
+        full_at.add(failing_step)
+        with pytest.raises(OSError, match="No space left on device"):
+            train(cfg, str(run_dir), progress=False, log=lambda *a: None)
+        full_at.clear()
+        ckpt = RunCheckpointer(run_dir)
+        assert ckpt.latest_step() == previous
+        ckpt.close()
+        assert f"{failing_step}.orbax-checkpoint-tmp" in os.listdir(run_dir / "checkpoints")  # the write began
+        logs = []
+        train(cfg, str(run_dir), progress=False, log=logs.append)
+        assert any(f"from the checkpoint of step {previous}" in str(line) for line in logs)
+        assert [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl")] == [0, 1, 2, 3]
+    train(cfg, str(tmp_path / "uninterrupted"), progress=False, log=lambda *a: None)
+    want = _comparable(read_jsonl(tmp_path / "uninterrupted" / "metrics.jsonl"))
+    for failing_step in (2, 3):
+        run_dir = tmp_path / f"fails_at_{failing_step}"
+        assert _comparable(read_jsonl(run_dir / "metrics.jsonl")) == want
+        for x, y in zip(saved_params(tmp_path / "uninterrupted", 3), saved_params(run_dir, 3)):
+            np.testing.assert_array_equal(x, y)

@@ -12,14 +12,11 @@ import pytest
 from passrate_jax.cli.main import main
 from passrate_jax.run.config import dump_config, load_config
 from passrate_jax.run.train import train
+from tests.test_train_e2e import TINY as E2E_TINY
 
-TINY = ["model.hidden_size=32", "model.intermediate_size=64", "model.num_layers=1", "model.num_heads=2",
-        "model.num_kv_heads=1", "model.max_position_embeddings=128", "warm_start.enabled=false",
-        "data.train_size=8", "data.eval_size=2", "data.level=1", "sampling.max_new_tokens=10",
-        "sampling.row_buckets=[32]", "sampling.prefill_row_buckets=[16]", "sampling.context_buckets=[16]",
-        "sampling.generation_buckets=[16]", "allocation.num_prompts=2", "allocation.group_size=4",
-        "logging.tensorboard=false", "logging.progress_bar=false", "checkpoint.async_save=false", "steps=1",
-        "eval_every=1", "data.verify_workers=1"]
+# The end-to-end tests' tiny run (same model and buffers, so the same compiled programs), smaller still.
+TINY = [*E2E_TINY, "data.train_size=8", "data.eval_size=2", "sampling.max_new_tokens=10", "steps=1", "eval_every=1",
+        "data.verify_workers=1"]
 
 # Scores an answer by a hash of its text (about half are right) and logs every call, so the test can
 # recount the evaluation from what was scored.

@@ -16,7 +16,7 @@ from passrate_jax.run.session import Session
 from passrate_jax.text.tokenizer import CharTokenizer, load_tokenizer
 from passrate_jax.run.train import train
 from test_train_e2e import hash_reward
-from test_train_hf import write_tokenizer
+from test_presets_real import write_tokenizer
 
 RUN = ["steps=1", "eval_every=1", "warm_start.enabled=false", "logging.tensorboard=false",
        "logging.progress_bar=false", "checkpoint.async_save=false", "allocation.num_prompts=2",

@@ -3,13 +3,13 @@
 Each notebook runs in a fresh kernel from a kernelspec written to a temporary directory for this test
 (``JUPYTER_PATH`` points there first), so the kernel is this interpreter whatever kernelspecs the
 machine has; a final injected cell checks that. The working directory is notebooks/, as in Jupyter;
-run_tour.ipynb gets ``PASSRATE_RUN_DIR`` in tmp_path and trains its tiny run there.
+run_tour.ipynb gets ``PASSRATE_RUN_DIR`` in tmp_path and trains its tiny run there. How long each takes
+is measured by benchmarks/notebooks.py (target: under 2 minutes each), not asserted here.
 """
 
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -55,14 +55,11 @@ def test_notebook_executes(path, tmp_path, kernel_path, monkeypatch):
     nb.cells.append(nbformat.v4.new_code_cell("import sys; print(repr(sys.prefix))"))
     client = nbclient.NotebookClient(nb, kernel_name="python3", timeout=300,
                                      resources={"metadata": {"path": str(NOTEBOOK_DIR)}})
-    start = time.monotonic()
     client.execute()
-    elapsed = time.monotonic() - start
     printed = "".join(o.get("text", "") for o in nb.cells[-1].outputs if o.get("output_type") == "stream")
     assert printed.strip() == repr(sys.prefix), f"kernel ran {printed.strip()}, not this interpreter {sys.prefix!r}"
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.get("output_type") == "error"]
     assert not errors
-    assert elapsed < 120, f"{path.name} took {elapsed:.0f} s"
     if path.stem == "run_tour":
         assert (tmp_path / "run" / "metrics.jsonl").exists()
         assert (tmp_path / "run" / "plots" / "accuracy_vs_rollouts.png").exists()

@@ -76,6 +76,11 @@ def test_token_logprobs_and_entropy():
 @pytest.mark.parametrize("dual", [None, 3.0])
 def test_ppo_token_loss_and_clip_fractions(dual):
     logp, old, _, adv, mask = _inputs()
+    # One negative-advantage token with ratio 5, past the dual-clip constant 3: there the dual clip binds
+    # (the loss is capped at 3 |A| rather than 5 |A|), so ignoring dual_clip changes this token's loss.
+    row = int(np.flatnonzero(adv < 0)[0])
+    col = int(np.flatnonzero(mask[row])[0])
+    logp[row, col] = old[row, col] + np.log(5.0)
     loss, low, high = losses.ppo_token_loss(logp, old, adv[:, None], mask, clip_low=0.2, clip_high=0.28,
                                             dual_clip=dual)
     want, want_low, want_high = np_ppo(logp, old, adv, 0.2, 0.28, dual)
@@ -84,8 +89,10 @@ def test_ppo_token_loss_and_clip_fractions(dual):
     np.testing.assert_array_equal(low, want_low & m)
     np.testing.assert_array_equal(high, want_high & m)
     assert low.any() and high.any()  # the inputs exercise both clips
-    if dual is not None:
-        assert np.any(m & (np_ppo(logp, old, adv, 0.2, 0.28)[0] > -dual * adv[:, None]))  # dual clip active
+    if dual is not None:  # the dual clip binds on that token: its loss is -c A, below the unclipped -r A
+        binds = m & (adv[:, None] < 0) & (np_ppo(logp, old, adv, 0.2, 0.28)[0] > -dual * adv[:, None])
+        assert binds[row, col]
+        np.testing.assert_allclose(loss[row, col], -dual * adv[row], rtol=1e-5)
 
 
 @pytest.mark.parametrize("mode", MODES)

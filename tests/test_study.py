@@ -17,7 +17,7 @@ from passrate_jax.study.report import DISCUSSION_MARKER, fmt_interval, write_rep
 from passrate_jax.study.stats import (factor_interval, first_reach, km_median, log_factor_bounds, mean_over,
                                       paired_interval)
 from scipy import stats as sps
-from tests.test_train_e2e import TINY, _comparable, fake_verifier  # noqa: F401 - fixture
+from tests.test_train_e2e import TINY, fake_verifier  # noqa: F401 - fixture
 
 # The preset of each method's composition (configs/); the study must run the same thing.
 PRESETS = {"grpo": "uniform", "ds": "ds", "ds_ideal": "ds_ideal", "mopps": "mopps", "dps": "dps", "sara": "sara",
@@ -246,31 +246,3 @@ def test_small_study_end_to_end(tmp_path, fake_verifier, monkeypatch):  # noqa: 
     before = metrics.stat().st_mtime_ns
     run_study(plan, progress=False)
     assert metrics.stat().st_mtime_ns == before
-
-
-HASH_REWARD = '''
-import hashlib
-
-def score(prompt, response, reference, **_):
-    """1 for about half of all responses, decided by the text alone (the same in every process)."""
-    return float(hashlib.blake2b(f"{prompt}|{response}".encode(), digest_size=1).digest()[0] % 2)
-'''
-
-
-@pytest.mark.slow  # about a minute of subprocess starts and compiles; the in-process study is tested above
-def test_parallel_study_trains_what_one_process_trains(tmp_path):
-    # Worker processes do not see a monkeypatch: the mixed rewards come from a reward plugin file.
-    plugin = tmp_path / "hash_reward.py"
-    plugin.write_text(HASH_REWARD)
-    tiny = TINY + ["steps=1", f"data.reward_fn={plugin}:score", "data.verify_workers=1"]
-    plan = make_plan(None, ["grpo"], [0, 1], tiny, str(tmp_path / "study"), quick=True)
-    with pytest.raises(ConfigError, match="--jobs 0"):
-        run_study(plan, progress=False, jobs=0)
-    run_study(plan, progress=False, jobs=2)  # the two seeds at once, each in its own process
-    import passrate_jax.run.train as train_module
-    train_module.train(load_config(None, plan.config_overrides("grpo", 1)), str(tmp_path / "alone"), progress=False,
-                       log=lambda *a: None)
-    parallel, alone = (_comparable(read_jsonl(os.path.join(d, "metrics.jsonl")))
-                       for d in (plan.run_dir("grpo", 1), tmp_path / "alone"))
-    assert [r["step"] for r in alone] == [0, 1] and alone[1]["groups_trained"] > 0
-    assert parallel == alone

@@ -1,0 +1,116 @@
+"""The README's commands as a user runs them, on the shipped default preset unchanged.
+
+One run of ``passrate-jax train --config configs/default.yaml`` (the ``shipped_default_run`` fixture in
+tests/conftest.py: the full 800-step warm start, 25 GRPO steps, the worked-arithmetic task's exact
+verifier), killed with SIGKILL between two checkpoints and resumed, serves three tests: the README's
+headline claim, the exact resume of a warm-started run, and ``passrate-jax eval --run-dir`` on it. A
+fourth runs ``passrate-jax study --quick``'s pipeline to a report, in worker processes.
+"""
+
+import json
+import os
+
+import pytest
+
+from passrate_jax.cli.main import main
+from passrate_jax.run.config import load_config
+from passrate_jax.run.metrics import read_jsonl
+from passrate_jax.run.train import train
+from tests.conftest import SHIPPED_KILL_AFTER
+from tests.test_train_e2e import TINY, _comparable
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _evaluations(run_dir):
+    return [r for r in read_jsonl(run_dir / "metrics.jsonl") if "eval_sampled_accuracy" in r]
+
+
+def test_default_preset_as_shipped_learns(shipped_default_run):
+    """The README's claim for its first command: held-out sampled accuracy rises by at least 10 points in
+    the 25 steps, each measured on 1,024 prompts x 4 samples with a standard error under 1.5 points; the
+    whole run compiles at most 4 sampler programs and 2 update programs."""
+    cfg = load_config(shipped_default_run.run_dir / "config.yaml")
+    assert cfg == load_config("configs/default.yaml")  # the preset as shipped, nothing overridden
+    assert (cfg.data.task, cfg.data.resolved_verifier, cfg.steps, cfg.warm_start.steps) == ("worked", "task", 25, 800)
+    first, last = _evaluations(shipped_default_run.run_dir)
+    assert (first["step"], last["step"]) == (0, 25)
+    assert all(r["eval_sampled_accuracy_se"] < 0.015 for r in (first, last))
+    assert last["eval_sampled_accuracy"] - first["eval_sampled_accuracy"] >= 0.10, (first, last)
+    # As shipped: GRPO, one round of B prompts x N rollouts a step, no prefixes.
+    steps = read_jsonl(shipped_default_run.run_dir / "metrics.jsonl")[1:]
+    assert all(r["rounds"] == 1 and r["rollouts_step"] == 16 * 8 for r in steps)
+    assert not any(k.startswith("ps/") for k in steps[0])
+    # Its reserved prefix store: one prefill program per context bucket (32, 64 tokens), one decode program
+    # per row bucket (64, 128 rows); the update compiles once per answer-length bucket the run meets.
+    assert last["compilations/sampler"] <= 4 and last["compilations/update"] <= 2
+
+
+def test_warm_started_run_killed_with_sigkill_resumes_exactly(shipped_default_run):
+    """The killed attempt had checkpointed step 10 and recorded steps 11 and 12; the resumed attempt
+    restarts from step 10's checkpoint (the warm start is not redone: the checkpoint holds the trained
+    parameters), records every step once, and repeats steps 11 and 12 exactly as the killed attempt
+    computed them (timings and compile counts aside)."""
+    checkpoint, recorded = SHIPPED_KILL_AFTER
+    killed = {r["step"]: r for r in shipped_default_run.killed_records}
+    assert checkpoint in killed and recorded in killed and max(killed) < 25
+    assert f"from the checkpoint of step {checkpoint}" in shipped_default_run.resume_output
+    final = read_jsonl(shipped_default_run.run_dir / "metrics.jsonl")
+    assert [r["step"] for r in final] == list(range(26))
+    again = {r["step"]: r for r in final}
+    assert _comparable([killed[s] for s in range(recorded + 1)]) == _comparable([again[s] for s in range(recorded + 1)])
+
+
+def test_eval_run_dir_reproduces_the_runs_evaluations(shipped_default_run, capsys):
+    """``passrate-jax eval --run-dir DIR --vs-warm-start --num-samples 4`` (the README's paired measurement)
+    with the task verifier: the checkpoint's greedy and sampled accuracy are the run's step-25 evaluation,
+    the cached warm start's are its step-0 evaluation, and the paired sampled difference is the claim."""
+    first, last = _evaluations(shipped_default_run.run_dir)
+    capsys.readouterr()
+    assert main(["eval", "--run-dir", str(shipped_default_run.run_dir), "--vs-warm-start", "--num-samples", "4",
+                 "--k", "1,4", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    start = result["warm_start"]
+    assert result["step"] == 25 and result["heldout_prompts"] == 1024
+    for measured, record in ((result, last), (start, first)):
+        assert measured["accuracy"] == record["eval_accuracy"]
+        assert measured["sampled_accuracy"] == measured["pass@1"] == record["eval_sampled_accuracy"]
+        assert measured["sampled_accuracy_se"] == record["eval_sampled_accuracy_se"]
+        assert measured["pass@1"] <= measured["pass@4"] <= 1
+    diff = start["difference"]
+    assert diff["sampled_accuracy"] == pytest.approx(last["eval_sampled_accuracy"] - first["eval_sampled_accuracy"])
+    assert diff["sampled_accuracy"] >= 0.10 and 0 < diff["sampled_accuracy_se"] < 0.015
+
+
+HASH_REWARD = '''
+import hashlib
+
+def score(prompt, response, reference, **_):
+    """1 for about half of all responses, decided by the text alone (the same in every process)."""
+    return float(hashlib.blake2b(f"{prompt}|{response}".encode(), digest_size=1).digest()[0] % 2)
+'''
+
+
+def test_study_command_runs_in_worker_processes_and_reports(tmp_path, capsys):
+    """``passrate-jax study --quick`` with two worker processes (``--jobs 2``), on the tiny model with a
+    reward plugin (worker processes do not see a monkeypatch): it exits 0, writes its report naming the
+    methods, and each run equals the same run trained alone in this process."""
+    plugin = tmp_path / "hash_reward.py"
+    plugin.write_text(HASH_REWARD)
+    # The tiny model on the study's default base preset (configs/default.yaml): its level weights do not apply to level 1.
+    tiny = TINY + ["data.level_weights=[]", "steps=2", "eval_every=2", f"data.reward_fn={plugin}:score",
+                   "data.verify_workers=1"]
+    out = tmp_path / "study"
+    command = ["study", "--quick", "--methods", "grpo", "sara", "--seeds", "0", "1", "--out", str(out), "--no-progress"]
+    assert main([*command, "--jobs", "0", *tiny]) == 2 and "--jobs 0" in capsys.readouterr().err
+    assert main([*command, "--jobs", "2", *tiny]) == 0
+    assert "study of 2 methods x 2 seeds" in capsys.readouterr().out
+    report = (out / "results.md").read_text()
+    assert "| GRPO (uniform) | " in report and "| SARA (fill) | " in report
+    from passrate_jax.study.runner import make_plan
+    plan = make_plan("configs/default.yaml", ["grpo", "sara"], [0, 1], tiny, str(out), quick=True)
+    train(load_config("configs/default.yaml", plan.config_overrides("sara", 1)), str(tmp_path / "alone"),
+          progress=False, log=lambda *a: None)
+    alone = _comparable(read_jsonl(tmp_path / "alone" / "metrics.jsonl"))
+    assert [r["step"] for r in alone] == [0, 1, 2] and any(r.get("groups_trained", 0) > 0 for r in alone)
+    assert _comparable(read_jsonl(os.path.join(plan.run_dir("sara", 1), "metrics.jsonl"))) == alone
