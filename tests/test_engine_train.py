@@ -12,7 +12,7 @@ from passrate_jax.run.metrics import read_jsonl
 from passrate_jax.run.train import train
 from tests.conftest import saved_params
 import tests.test_kill_resume as kr
-from tests.test_kill_resume import ROOT, _checkpoint_names, _env, _kill_when, _latest_checkpoint, _steps_written
+from tests.test_kill_resume import ROOT, _checkpoint_names, _env, _latest_checkpoint, _signal_when, _steps_written
 from tests.test_train_e2e import TINY, _comparable, fake_verifier  # noqa: F401 - the fixture
 
 ENGINE = ["sampling.engine=slots", "sampling.slots=32", "sampling.chunk_tokens=4"]
@@ -40,10 +40,10 @@ def test_every_method_trains_on_the_engine(tmp_path, fake_verifier, method, ps, 
 def test_engine_kill_9_then_resume_equals_uninterrupted_run(tmp_path, monkeypatch):
     """One kill between checkpoints (tests/test_kill_resume.py covers the other moments in round mode)."""
     monkeypatch.setattr(kr, "OVERRIDES", kr.OVERRIDES + ENGINE)
-    env = _env(tmp_path / "jax_cache")
+    env = _env()
     full, cut = tmp_path / "full", tmp_path / "cut"
     subprocess.run(kr._cmd(full), check=True, cwd=ROOT, env=env, timeout=900, capture_output=True)
-    _kill_when(cut, env, lambda d: 3 in _steps_written(d) and "2" in _checkpoint_names(d))
+    _signal_when(cut, env, lambda d: 3 in _steps_written(d) and "2" in _checkpoint_names(d))
     assert _latest_checkpoint(cut) == 2
     out = subprocess.run(kr._cmd(cut), check=True, cwd=ROOT, env=env, timeout=900, capture_output=True, text=True)
     assert "resuming" in out.stdout + out.stderr
