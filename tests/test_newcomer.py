@@ -9,7 +9,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 
 import pytest
 
@@ -31,10 +30,10 @@ TINY_DEFAULT = ["model.hidden_size=32", "model.intermediate_size=64", "model.num
 def cli(args, cwd, env=None, timeout=600, pythonpath=REPO) -> subprocess.CompletedProcess:
     """``passrate-jax ARGS`` run in ``cwd`` with this checkout first on the path (the shared environment
     also holds an editable install of another tree)."""
-    # The suite's compile cache (tests/conftest.py): the journeys' runs compile the same tiny programs.
-    cache = {"JAX_COMPILATION_CACHE_DIR": os.path.join(tempfile.gettempdir(), "passrate-jax-test-xla-cache"),
-             "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0.5"}
-    full_env = {**os.environ, **cache, "PYTHONPATH": pythonpath, "PASSRATE_JAX_DEBUG": "", **(env or {})}
+    # The suite's compile cache comes with os.environ (tests/conftest.py exports it): the journeys' runs
+    # compile the same tiny programs. A cache of its own here once mixed entries written without JAX's
+    # LRU bookkeeping with the suite's LRU settings, and JAX's warnings about it broke the one-line checks.
+    full_env = {**os.environ, "PYTHONPATH": pythonpath, "PASSRATE_JAX_DEBUG": "", **(env or {})}
     return subprocess.run([sys.executable, "-m", "passrate_jax.cli.main", *args], cwd=cwd, env=full_env,
                           capture_output=True, text=True, timeout=timeout)
 
