@@ -6,7 +6,6 @@ and no traceback."""
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 
@@ -270,35 +269,6 @@ def test_every_bad_input_is_one_line_with_exit_status_2(tmp_path, monkeypatch, c
         for name in names:
             assert name in lines[0], (argv, name, lines[0])
         assert not (tmp_path / "runs").exists(), (argv, "a failed start left a run directory behind")
-
-
-def test_a_non_editable_install_finds_its_presets_and_trains_from_an_empty_directory(tmp_path):
-    """Built as pip builds a wheel of the checkout (no build isolation: no network here), installed with
-    ``pip install --no-deps --target`` (its dependencies are the shared environment's), then run with
-    only that install on the path from an empty directory: the presets come from the package, not the clone."""
-    wheels, site, empty, source = tmp_path / "wheels", tmp_path / "site", tmp_path / "empty", tmp_path / "source"
-    empty.mkdir()
-    # A copy of what the build reads, so that setuptools' build/ and egg-info land there, not in the checkout.
-    shutil.copytree(os.path.join(REPO, "passrate_jax"), source / "passrate_jax",
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copyfile(os.path.join(REPO, name), source / name)
-    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input", "-q"]
-    built = subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(source)],
-                           capture_output=True, text=True, timeout=300, cwd=tmp_path)
-    assert built.returncode == 0, built.stderr[-3000:]
-    wheel = next(wheels.glob("passrate_jax-*.whl"))
-    installed = subprocess.run([*pip, "install", "--no-deps", "--target", str(site), str(wheel)],
-                               capture_output=True, text=True, timeout=300)
-    assert installed.returncode == 0, installed.stderr[-3000:]
-    assert (site / "passrate_jax" / "configs" / "default.yaml").is_file()
-    where = subprocess.run([sys.executable, "-c", "import passrate_jax; print(passrate_jax.__file__)"], cwd=empty,
-                           env={**os.environ, "PYTHONPATH": str(site)}, capture_output=True, text=True)
-    assert where.stdout.startswith(str(site)), where.stdout
-    run = cli(["train", "--config", "default", "--no-progress", "warm_start.enabled=false", "data.train_size=64",
-               "data.eval_size=4", *TINY_DEFAULT], empty, pythonpath=str(site))
-    assert run.returncode == 0, run.stderr[-5000:]
-    assert (empty / "runs" / "default" / "metrics.jsonl").is_file()
 
 
 def test_samples_reach_every_sink_and_a_resume_drops_those_past_its_checkpoint(tmp_path):
