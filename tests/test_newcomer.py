@@ -245,6 +245,8 @@ def _bad_inputs(d):
         (["train", "data.source=env", "data.env=absent_env.py:Env"], ["data.env", "absent_env.py"]),
         (["eval", "--run-dir", "nowhere"], ["nowhere", "run directory"]),
         (["eval", "--run-dir", "run_without_checkpoint"], ["--run-dir", "no complete checkpoint"]),
+        (["eval", "--run-dir", "run_without_checkpoint", "--k", "0,4"], ["--k 0,4", "must be >= 1"]),
+        (["eval", "--run-dir", "run_without_checkpoint", "--num-samples", "-1"], ["--num-samples = -1"]),
         (["export", "--run-dir", "nowhere", "--out", "x"], ["--run-dir 'nowhere'"]),
         (["generate", "--model", "nowhere", "--prompt", "1"], ["--model 'nowhere'", "no such directory"]),
         (["generate", "--model", "run_without_checkpoint", "--prompt", "1"], ["export it first"]),
