@@ -300,3 +300,21 @@ def test_samples_reach_every_sink_and_a_resume_drops_those_past_its_checkpoint(t
     MetricsWriter(tmp_path, tensorboard=False, truncate_after=2).close()  # a resume from step 2's checkpoint
     rows = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2] and rows[0]["completion"] == "2 | x"
+
+
+def test_the_progress_bar_counts_reward_failures_as_the_run_goes(tmp_path):
+    """The bar's ``reward_err`` is failures (errors and timeouts) over answers scored so far, shown from the
+    first failing step on; a run without failures shows none."""
+    from passrate_jax.run.observe import Reporter
+
+    reporter = Reporter(load_config(None, ["logging.tensorboard=false"]), str(tmp_path), None, primary=True,
+                        progress=True)
+    reporter.write({"step": 0, "rollouts_total": 0})
+    shown = []
+    for step, errors, timeouts in ((1, 0, 0), (2, 3, 0), (3, 1, 2)):
+        reporter.write({"step": step, "reward/mean": 0.5, "answers_scored": 16, "verifier_errors": errors,
+                        "verifier_timeouts": timeouts})
+        shown.append(reporter.bar.postfix)
+    reporter.close()
+    assert "reward_err" not in shown[0] and "reward=0.50" in shown[0]
+    assert "reward_err=3/32" in shown[1] and "reward_err=6/48" in shown[2]
