@@ -130,7 +130,8 @@ def fresh_venv_with_the_project(root) -> str:
     files, so this environment's editable install of the checkout stays invisible. Returns its bin/ directory."""
     source, venv = root / "source", root / "venv"
     # A copy of what the build reads, so that setuptools' build/ and egg-info land there, not in the checkout.
-    shutil.copytree(os.path.join(ROOT, "passrate_jax"), source / "passrate_jax", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(os.path.join(ROOT, "passrate_jax"), source / "passrate_jax",
+                    ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("pyproject.toml", "README.md"):
         shutil.copyfile(os.path.join(ROOT, name), source / name)
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)

@@ -161,7 +161,8 @@ class EnvRollouts(StepKV):
         return turn_ids(g.prefix + g.turns[index])
 
     def generated_tokens(self, group_key: int, index: int) -> int:
-        """Tokens the policy generated in one episode: its actions (replayed turns and observations are not generated)."""
+        """Tokens the policy generated in one episode: its actions (replayed turns and observations are
+        not generated)."""
         return sum(len(t.action) for t in self.groups[group_key].turns[index])
 
     # ------------------------------------------------------------------ the checkpointed trajectories
