@@ -76,9 +76,10 @@ def test_help_version_and_presets_by_name(tmp_path):
     assert "method: sara" in info.stdout and "steps: 7" in info.stdout
 
 
-def test_train_without_config_trains_the_default_preset_and_says_so(tmp_path, monkeypatch, capsys):
-    """Bare ``passrate-jax train`` (overrides allowed) is ``train --config default``, announced in one line;
-    the training itself is replaced, so only the command's choice of config and run directory is run."""
+def test_bare_train_trains_the_default_preset_and_says_so(tmp_path, monkeypatch, capsys):
+    """Bare ``passrate-jax train`` is ``train --config default``, announced in one line; overrides without
+    --config still apply to the built-in defaults. The training itself is replaced, so only the command's
+    choice of config and run directory is run."""
     from passrate_jax.cli import train as train_command
 
     class Started(Exception):
@@ -90,15 +91,15 @@ def test_train_without_config_trains_the_default_preset_and_says_so(tmp_path, mo
     monkeypatch.chdir(tmp_path)
     runs = {}
     for name, argv in (("bare", ["train"]), ("named", ["train", "--config", "default"]),
-                       ("bare_override", ["train", "steps=3"])):
+                       ("overrides", ["train", "data.train_size=64"])):
         with pytest.raises(Started) as run:
             main(argv)
         runs[name] = (*run.value.args, capsys.readouterr().out)
     assert runs["bare"][:2] == runs["named"][:2] == (load_config("default"), os.path.join("runs", "default"))
-    assert runs["bare_override"][:2] == (load_config("default", ["steps=3"]), os.path.join("runs", "default"))
+    assert runs["overrides"][:2] == (load_config(None, ["data.train_size=64"]), os.path.join("runs", "default"))
     assert runs["bare"][2].strip() == ("no --config: training the packaged preset 'default' "
                                        "(passrate-jax info --presets lists the others)")
-    assert runs["named"][2] == ""
+    assert runs["named"][2] == runs["overrides"][2] == ""
 
 
 def test_own_model_trains_and_says_where_its_files_are(tiny):

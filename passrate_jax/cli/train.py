@@ -16,27 +16,30 @@ SUMMARY_KEYS = ("step", "rollouts_total", "train_accuracy", "reward/mean", "vali
                 "useful_rollout_fraction", "eval_accuracy", "eval_sampled_accuracy")
 
 
-# What ``train`` without --config trains: the README's first run, not the bare defaults (which have no
-# finite prompt pool and no warm start, so they would not train).
+# What a bare ``train`` (no --config, no override) trains: the README's first run, not the built-in
+# defaults, which have no finite prompt pool and no warm start, so they would not train. Overrides without
+# --config still apply to the built-in defaults, as the docs' commands and the tests' tiny runs use them.
 DEFAULT_PRESET = "default"
 
 
 def add_subparser(subparsers) -> None:
     p = subparsers.add_parser("train", help="train (or resume) a run")
-    add_config_arguments(p, without=f"the packaged preset '{DEFAULT_PRESET}'")
+    add_config_arguments(p, without=f"the packaged preset '{DEFAULT_PRESET}' when no key=value override is given, "
+                                    "else the built-in defaults")
     p.add_argument("--run-dir", default=None, help="default: runs/<config name>")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=run)
 
 
 def run_config(config: str | None, overrides: list[str], log=print) -> tuple[Config, str]:
-    """The run's config and its name (the default run directory is runs/<name>): ``config`` with
-    ``overrides``, or without ``config`` the packaged default preset, said in one ``log`` line."""
-    if config is None:
+    """The run's config and its name (the default run directory is runs/<name>): ``config`` (None: the
+    built-in defaults) with ``overrides``; with neither, the packaged default preset, said in one ``log`` line."""
+    if config is None and not overrides:
         log(f"no --config: training the packaged preset '{DEFAULT_PRESET}' (passrate-jax info --presets lists "
             "the others)")
         config = DEFAULT_PRESET
-    return load_config(config, overrides), os.path.splitext(os.path.basename(config))[0]
+    name = os.path.splitext(os.path.basename(config))[0] if config else DEFAULT_PRESET
+    return load_config(config, overrides), name
 
 
 def run(args) -> int:
