@@ -2,7 +2,7 @@
 and its tokenizer written by ``transformers``, and a small GSM8K-format prompt file.
 
     python examples/make_tiny_model.py                 # writes tiny_qwen3/ and tiny_data/ here
-    passrate-jax train --config tiny_own_model         # trains it for 10 steps on CPU (about a minute)
+    passrate-jax train --config tiny_own_model         # trains it for 100 steps on CPU (about a minute)
 
 The checkpoint is what a real one is to passrate-jax (config.json, model.safetensors, tokenizer.json,
 tokenizer_config.json), only random and 80k parameters, so the same commands work with a real model:

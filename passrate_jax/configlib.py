@@ -257,11 +257,12 @@ def describe(cls, prefix: str = "") -> list[str]:
     return lines
 
 
-def add_config_arguments(parser) -> None:
+def add_config_arguments(parser, without: str = "the built-in defaults") -> None:
     """``--config FILE`` and trailing ``key.sub=value`` overrides on an ``argparse`` parser, shared by every
-    subcommand that takes a config (here, below the command modules, so none of them imports ``cli``)."""
+    subcommand that takes a config (here, below the command modules, so none of them imports ``cli``);
+    ``without``: what the command uses when --config is not given, for its help."""
     parser.add_argument("--config", default=None, help="a packaged preset's name (passrate-jax info --presets) or "
-                                                        "a YAML file (default: the built-in defaults)")
+                                                        f"a YAML file (default: {without})")
     parser.add_argument("overrides", nargs="*", metavar="key.sub=value", help="dotted config overrides")
 
 

@@ -3,18 +3,24 @@
 One run of ``passrate-jax train --config configs/default.yaml`` (the ``shipped_default_run`` fixture in
 tests/conftest.py: the full 800-step warm start, 25 GRPO steps, the worked-arithmetic task's exact
 verifier), killed with SIGKILL between two checkpoints and resumed, serves three tests: the README's
-headline claim, the exact resume of a warm-started run, and ``passrate-jax eval --run-dir`` on it. A
-fourth runs ``passrate-jax study --quick``'s pipeline to a report, in worker processes.
+headline claim, the exact resume of a warm-started run, and ``passrate-jax eval --run-dir`` on it; its
+cached warm start serves a fourth, the default preset trained by a non-editable install in a fresh
+virtual environment. A fifth runs ``passrate-jax study --quick``'s pipeline to a report, in worker processes.
 """
 
 import json
 import os
+import shutil
+import site
+import subprocess
+import sys
 
 import pytest
 
 from passrate_jax.cli.main import main
 from passrate_jax.run.config import load_config
 from passrate_jax.run.metrics import read_jsonl
+from passrate_jax.run.sft import cache_path
 from passrate_jax.run.train import train
 from tests.conftest import SHIPPED_KILL_AFTER
 from tests.test_train_e2e import TINY, _comparable
@@ -114,3 +120,60 @@ def test_study_command_runs_in_worker_processes_and_reports(tmp_path, capsys):
     alone = _comparable(read_jsonl(tmp_path / "alone" / "metrics.jsonl"))
     assert [r["step"] for r in alone] == [0, 1, 2] and any(r.get("groups_trained", 0) > 0 for r in alone)
     assert _comparable(read_jsonl(os.path.join(plan.run_dir("sara", 1), "metrics.jsonl"))) == alone
+
+
+def fresh_venv_with_the_project(root) -> str:
+    """A virtual environment made with ``python -m venv`` under ``root``, holding the project installed from
+    a copy of the checkout by its own ``python -m pip install`` (not editable; no network: no build isolation,
+    no index, no dependencies). It sees this environment's site-packages (the dependencies, and pip itself)
+    through a path line in a ``.pth`` file: such a line adds the directory but runs none of its own ``.pth``
+    files, so this environment's editable install of the checkout stays invisible. Returns its bin/ directory."""
+    source, venv = root / "source", root / "venv"
+    # A copy of what the build reads, so that setuptools' build/ and egg-info land there, not in the checkout.
+    shutil.copytree(os.path.join(ROOT, "passrate_jax"), source / "passrate_jax",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copyfile(os.path.join(ROOT, name), source / name)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    bin_dir = venv / "bin"
+    purelib = subprocess.run([bin_dir / "python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             capture_output=True, text=True, check=True, env=_outside()).stdout.strip()
+    ours = [p for p in dict.fromkeys(site.getsitepackages() + [site.getusersitepackages()]) if os.path.isdir(p)]
+    with open(os.path.join(purelib, "test_environment.pth"), "w") as pth:
+        pth.write("\n".join(ours) + "\n")
+    installed = subprocess.run([bin_dir / "python", "-m", "pip", "--disable-pip-version-check", "--no-input", "-q",
+                                "install", "--no-deps", "--no-build-isolation", "--no-index", "--ignore-installed",
+                                str(source)], capture_output=True, text=True, timeout=300, cwd=root, env=_outside())
+    assert installed.returncode == 0, installed.stderr[-3000:]
+    return str(bin_dir)
+
+
+def _outside(**extra) -> dict:
+    """This process's environment (the suite's caches included) without the checkout on PYTHONPATH."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PASSRATE_JAX_DEBUG")}
+    return {**env, "JAX_PLATFORMS": "cpu", **extra}
+
+
+def test_a_fresh_venv_with_a_non_editable_install_trains_the_default_preset(shipped_default_run, tmp_path):
+    """The issue's sentence: a fresh virtual environment with a non-editable install trains ``--config default
+    steps=2`` from an empty directory: its presets come from the installed package, and its 800-step warm
+    start from the cache the shipped run filled (the cache key does not depend on where the package lives).
+    The held-out set is cut to 64 prompts (``data.eval_size=64``): training is the preset's, unchanged, and
+    the preset's two evaluations of 1,024 prompts x 5 answers would cost four times the rest of the test."""
+    bin_dir, empty = fresh_venv_with_the_project(tmp_path), tmp_path / "empty"
+    empty.mkdir()
+    where = subprocess.run([os.path.join(bin_dir, "python"), "-c", "import passrate_jax.run.config as c, passrate_jax."
+                            "run.sft as s; print(c.__file__); print(s.cache_path(c.load_config('default')))"],
+                           cwd=empty, env=_outside(), capture_output=True, text=True)
+    assert where.returncode == 0, where.stderr[-3000:]
+    module, warm_start = where.stdout.split()
+    assert module.startswith(str(tmp_path / "venv")) and "site-packages" in module, where.stderr[-3000:]
+    assert warm_start == cache_path(load_config("configs/default.yaml")) and os.path.isfile(warm_start)
+    run = subprocess.run([os.path.join(bin_dir, "passrate-jax"), "train", "--config", "default", "steps=2",
+                          "data.eval_size=64", "--no-progress"], cwd=empty, env=_outside(), capture_output=True,
+                         text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert f"warm start: loaded cached weights from {warm_start}" in run.stdout
+    records = read_jsonl(empty / "runs" / "default" / "metrics.jsonl")
+    assert [r["step"] for r in records] == [0, 1, 2] and records[-1]["rollouts_total"] == 2 * 16 * 8
+    assert all(0 <= r["eval_accuracy"] <= 1 for r in (records[0], records[-1]))

@@ -135,15 +135,31 @@ def _replayed_starts(monkeypatch):
     return seen
 
 
+def _scored_episodes(monkeypatch):
+    """Per scoring call, (reward, tokens of the generated actions, cut off) of each episode, read from
+    the episodes themselves as ``EnvRollouts.score`` receives them."""
+    seen = []
+    real = EnvRollouts.score
+
+    def score(self, requests, rollouts):
+        seen.append([(r.reward, sum(len(t.action) for t in r.turns), r.ended in ("limit", "length"))
+                     for rs in rollouts for r in rs])
+        return real(self, requests, rollouts)
+    monkeypatch.setattr(EnvRollouts, "score", score)
+    return seen
+
+
 @pytest.mark.parametrize("name", sorted(ENVS))
 def test_a_few_steps_on_each_environment_with_prefix_sampling(tmp_path, monkeypatch, name):
     monkeypatch.setitem(ENVS, name, CoinFlipEnv(ENVS[name]))
     seen = _replayed_starts(monkeypatch)
-    cfg = load_config(None, TINY + [f"data.env={name}", "steps=3"])
+    episodes = _scored_episodes(monkeypatch)
+    cfg = load_config(None, TINY + [f"data.env={name}", "steps=3", "logging.samples_every=1"])
     summary = train(cfg, str(tmp_path), progress=False, log=lambda *a: None)
     records = read_jsonl(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in records] == [0, 1, 2, 3] and summary["step"] == 3
     records = records[1:]
+    _assert_rewards_lengths_and_samples(records, episodes, read_jsonl(tmp_path / "samples.jsonl"))
     for r in records:
         assert r["env/replay_rejected"] == 0 and r["env/error_observations"] > 0  # a random model's actions
         assert 1 <= r["env/turns_mean"] <= 3 and "ps/ratio/1" in r
@@ -157,6 +173,28 @@ def test_a_few_steps_on_each_environment_with_prefix_sampling(tmp_path, monkeypa
     assert all(t == (min(max(int(np.floor(ratio * src)), 1), src - 1) if src >= 2 else 0) for ratio, t, src in seen)
     assert any(1 <= t < src for _, t, src in seen)
     assert records[-1]["compilations/update"] <= 2
+
+
+def _assert_rewards_lengths_and_samples(records, episodes, samples):
+    """An environment run's rewards, lengths and samples, as a text run's (run/observe.py): each step's
+    record against the episodes scored in it (held-out evaluation runs its episodes without the backend)."""
+    calls = iter(episodes)
+    for r in records:
+        step = []
+        while len(step) < r["answers_scored"]:
+            step += next(calls)
+        ep = np.array(step, float)
+        assert len(ep) == r["answers_scored"]
+        assert r["reward/mean"] == pytest.approx(ep[:, 0].mean()) and r["reward/std"] == pytest.approx(ep[:, 0].std())
+        assert r["response/length_mean"] == pytest.approx(ep[:, 1].mean())
+        assert r["response/length_max"] == ep[:, 1].max()
+        assert r["response/truncated_fraction"] == pytest.approx(ep[:, 2].mean())
+        assert 0 < r["response/length_max"] <= 3 * 10  # data.max_turns x sampling.max_new_tokens
+    assert next(calls, None) is None
+    assert {s["step"] for s in samples} == {1, 2, 3}
+    assert all(set(s) == {"step", "prompt", "completion", "reward"} for s in samples)
+    # A completion is the episode after its prompt: actions, each answered by the environment's observation.
+    assert all(s["prompt"] and "\n" in s["completion"] and s["reward"] in (0.0, 1.0) for s in samples)
 
 
 def test_env_run_resumes_exactly(tmp_path, monkeypatch):

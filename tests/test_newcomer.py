@@ -6,7 +6,6 @@ and no traceback."""
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 
@@ -75,6 +74,32 @@ def test_help_version_and_presets_by_name(tmp_path):
     info = cli(["info", "--config", "mine.yaml", "model.num_layers=1"], tmp_path)
     assert info.returncode == 0, info.stderr[-3000:]
     assert "method: sara" in info.stdout and "steps: 7" in info.stdout
+
+
+def test_bare_train_trains_the_default_preset_and_says_so(tmp_path, monkeypatch, capsys):
+    """Bare ``passrate-jax train`` is ``train --config default``, announced in one line; overrides without
+    --config still apply to the built-in defaults. The training itself is replaced, so only the command's
+    choice of config and run directory is run."""
+    from passrate_jax.cli import train as train_command
+
+    class Started(Exception):
+        pass
+
+    def started(cfg, run_dir, **kwargs):
+        raise Started(cfg, run_dir)
+    monkeypatch.setattr(train_command, "train", started)
+    monkeypatch.chdir(tmp_path)
+    runs = {}
+    for name, argv in (("bare", ["train"]), ("named", ["train", "--config", "default"]),
+                       ("overrides", ["train", "data.train_size=64"])):
+        with pytest.raises(Started) as run:
+            main(argv)
+        runs[name] = (*run.value.args, capsys.readouterr().out)
+    assert runs["bare"][:2] == runs["named"][:2] == (load_config("default"), os.path.join("runs", "default"))
+    assert runs["overrides"][:2] == (load_config(None, ["data.train_size=64"]), os.path.join("runs", "default"))
+    assert runs["bare"][2].strip() == ("no --config: training the packaged preset 'default' "
+                                       "(passrate-jax info --presets lists the others)")
+    assert runs["named"][2] == runs["overrides"][2] == ""
 
 
 def test_own_model_trains_and_says_where_its_files_are(tiny):
@@ -221,6 +246,8 @@ def _bad_inputs(d):
         (["train", "data.source=env", "data.env=absent_env.py:Env"], ["data.env", "absent_env.py"]),
         (["eval", "--run-dir", "nowhere"], ["nowhere", "run directory"]),
         (["eval", "--run-dir", "run_without_checkpoint"], ["--run-dir", "no complete checkpoint"]),
+        (["eval", "--run-dir", "run_without_checkpoint", "--k", "0,4"], ["--k 0,4", "must be >= 1"]),
+        (["eval", "--run-dir", "run_without_checkpoint", "--num-samples", "-1"], ["--num-samples = -1"]),
         (["export", "--run-dir", "nowhere", "--out", "x"], ["--run-dir 'nowhere'"]),
         (["generate", "--model", "nowhere", "--prompt", "1"], ["--model 'nowhere'", "no such directory"]),
         (["generate", "--model", "run_without_checkpoint", "--prompt", "1"], ["export it first"]),
@@ -245,35 +272,6 @@ def test_every_bad_input_is_one_line_with_exit_status_2(tmp_path, monkeypatch, c
         for name in names:
             assert name in lines[0], (argv, name, lines[0])
         assert not (tmp_path / "runs").exists(), (argv, "a failed start left a run directory behind")
-
-
-def test_a_non_editable_install_finds_its_presets_and_trains_from_an_empty_directory(tmp_path):
-    """Built as pip builds a wheel of the checkout (no build isolation: no network here), installed with
-    ``pip install --no-deps --target`` (its dependencies are the shared environment's), then run with
-    only that install on the path from an empty directory: the presets come from the package, not the clone."""
-    wheels, site, empty, source = tmp_path / "wheels", tmp_path / "site", tmp_path / "empty", tmp_path / "source"
-    empty.mkdir()
-    # A copy of what the build reads, so that setuptools' build/ and egg-info land there, not in the checkout.
-    shutil.copytree(os.path.join(REPO, "passrate_jax"), source / "passrate_jax",
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copyfile(os.path.join(REPO, name), source / name)
-    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input", "-q"]
-    built = subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(source)],
-                           capture_output=True, text=True, timeout=300, cwd=tmp_path)
-    assert built.returncode == 0, built.stderr[-3000:]
-    wheel = next(wheels.glob("passrate_jax-*.whl"))
-    installed = subprocess.run([*pip, "install", "--no-deps", "--target", str(site), str(wheel)],
-                               capture_output=True, text=True, timeout=300)
-    assert installed.returncode == 0, installed.stderr[-3000:]
-    assert (site / "passrate_jax" / "configs" / "default.yaml").is_file()
-    where = subprocess.run([sys.executable, "-c", "import passrate_jax; print(passrate_jax.__file__)"], cwd=empty,
-                           env={**os.environ, "PYTHONPATH": str(site)}, capture_output=True, text=True)
-    assert where.stdout.startswith(str(site)), where.stdout
-    run = cli(["train", "--config", "default", "--no-progress", "warm_start.enabled=false", "data.train_size=64",
-               "data.eval_size=4", *TINY_DEFAULT], empty, pythonpath=str(site))
-    assert run.returncode == 0, run.stderr[-5000:]
-    assert (empty / "runs" / "default" / "metrics.jsonl").is_file()
 
 
 def test_samples_reach_every_sink_and_a_resume_drops_those_past_its_checkpoint(tmp_path):
@@ -303,3 +301,21 @@ def test_samples_reach_every_sink_and_a_resume_drops_those_past_its_checkpoint(t
     MetricsWriter(tmp_path, tensorboard=False, truncate_after=2).close()  # a resume from step 2's checkpoint
     rows = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2] and rows[0]["completion"] == "2 | x"
+
+
+def test_the_progress_bar_counts_reward_failures_as_the_run_goes(tmp_path):
+    """The bar's ``reward_err`` is failures (errors and timeouts) over answers scored so far, shown from the
+    first failing step on; a run without failures shows none."""
+    from passrate_jax.run.observe import Reporter
+
+    reporter = Reporter(load_config(None, ["logging.tensorboard=false"]), str(tmp_path), None, primary=True,
+                        progress=True)
+    reporter.write({"step": 0, "rollouts_total": 0})
+    shown = []
+    for step, errors, timeouts in ((1, 0, 0), (2, 3, 0), (3, 1, 2)):
+        reporter.write({"step": step, "reward/mean": 0.5, "answers_scored": 16, "verifier_errors": errors,
+                        "verifier_timeouts": timeouts})
+        shown.append(reporter.bar.postfix)
+    reporter.close()
+    assert "reward_err" not in shown[0] and "reward=0.50" in shown[0]
+    assert "reward_err=3/32" in shown[1] and "reward_err=6/48" in shown[2]

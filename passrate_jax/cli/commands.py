@@ -52,6 +52,11 @@ def add_subparsers(subparsers) -> None:
 def run_eval(args) -> int:
     from passrate_jax.run.config import load_config
     from passrate_jax.run.metrics import is_remote
+    if args.num_samples < 0:
+        raise ConfigError(f"--num-samples = {args.num_samples}: must be >= 0 (0: greedy answers only)")
+    if any(k < 1 for k in args.k):
+        raise ConfigError(f"--k {','.join(map(str, args.k))}: each k must be >= 1 (pass@k: at least one of k "
+                          "sampled answers right), e.g. --k 1,4,8")
     if is_remote(args.run_dir):
         raise ConfigError(f"--run-dir {args.run_dir!r}: eval reads a local run directory; copy it first "
                           "(gcloud storage cp -r URL runs/)")

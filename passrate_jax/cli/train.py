@@ -16,17 +16,34 @@ SUMMARY_KEYS = ("step", "rollouts_total", "train_accuracy", "reward/mean", "vali
                 "useful_rollout_fraction", "eval_accuracy", "eval_sampled_accuracy")
 
 
+# What a bare ``train`` (no --config, no override) trains: the README's first run, not the built-in
+# defaults, which have no finite prompt pool and no warm start, so they would not train. Overrides without
+# --config still apply to the built-in defaults, as the docs' commands and the tests' tiny runs use them.
+DEFAULT_PRESET = "default"
+
+
 def add_subparser(subparsers) -> None:
     p = subparsers.add_parser("train", help="train (or resume) a run")
-    add_config_arguments(p)
+    add_config_arguments(p, without=f"the packaged preset '{DEFAULT_PRESET}' when no key=value override is given, "
+                                    "else the built-in defaults")
     p.add_argument("--run-dir", default=None, help="default: runs/<config name>")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=run)
 
 
+def run_config(config: str | None, overrides: list[str], log=print) -> tuple[Config, str]:
+    """The run's config and its name (the default run directory is runs/<name>): ``config`` (None: the
+    built-in defaults) with ``overrides``; with neither, the packaged default preset, said in one ``log`` line."""
+    if config is None and not overrides:
+        log(f"no --config: training the packaged preset '{DEFAULT_PRESET}' (passrate-jax info --presets lists "
+            "the others)")
+        config = DEFAULT_PRESET
+    name = os.path.splitext(os.path.basename(config))[0] if config else DEFAULT_PRESET
+    return load_config(config, overrides), name
+
+
 def run(args) -> int:
-    cfg = load_config(args.config, args.overrides)
-    name = os.path.splitext(os.path.basename(args.config))[0] if args.config else "default"
+    cfg, name = run_config(args.config, args.overrides)
     run_dir = args.run_dir or os.path.join("runs", name)
     summary = train(cfg, run_dir, progress=not args.no_progress)
     if distributed.is_primary():

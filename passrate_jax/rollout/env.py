@@ -154,6 +154,17 @@ class EnvRollouts(StepKV):
                 "env/error_observations": int(table["action_errors"][seen].sum()),
                 "env/turns_mean": float(np.mean(turns)) if len(turns) else float("nan")}
 
+    def response(self, group_key: int, index: int) -> list[int]:
+        """One episode after its prompt, as the policy saw it: the replayed turns, then the generated ones,
+        each action followed by the environment's observation."""
+        g = self.groups[group_key]
+        return turn_ids(g.prefix + g.turns[index])
+
+    def generated_tokens(self, group_key: int, index: int) -> int:
+        """Tokens the policy generated in one episode: its actions (replayed turns and observations are
+        not generated)."""
+        return sum(len(t.action) for t in self.groups[group_key].turns[index])
+
     # ------------------------------------------------------------------ the checkpointed trajectories
     def retain(self, keys) -> None:
         """Free every group not in ``keys``."""

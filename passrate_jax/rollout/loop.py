@@ -34,7 +34,10 @@ class RolloutBackend(Protocol):
     table, see :class:`RolloutTable`) -> ``record`` (keep the trajectories, with what of their scores the
     update needs). After the step, ``batch``
     builds the update's padded arrays of the trained groups and ``metrics`` adds the backend's own
-    counters. ``retain`` / ``to_json`` / ``load_json``: the trajectories a checkpoint keeps. (The
+    counters; ``response`` (the ids a kept rollout wrote after its prompt, replayed prefix included) and
+    ``generated_tokens`` (how many of them the policy generated) show the step's rollouts to the person
+    watching (``passrate_jax/run/observe.py``). ``retain`` / ``to_json`` / ``load_json``: the trajectories
+    a checkpoint keeps. (The
     supervised warm start and held-out evaluation are the run's: ``passrate_jax/run/warm_start.py``,
     ``held_out.py``.)
     """
@@ -54,6 +57,10 @@ class RolloutBackend(Protocol):
     def batch(self, groups: Sequence[TrainGroup], rows: int) -> dict[str, np.ndarray]: ...
 
     def metrics(self, table: RolloutTable) -> dict: ...
+
+    def response(self, group_key: int, index: int) -> list[int]: ...
+
+    def generated_tokens(self, group_key: int, index: int) -> int: ...
 
     def retain(self, keys) -> None: ...
 

@@ -259,6 +259,10 @@ class TextRollouts(StepKV):
         g = self.groups[group_key]
         return g.prefix + g.completions[index]
 
+    def generated_tokens(self, group_key: int, index: int) -> int:
+        """Tokens the policy generated in one rollout (its completion; a replayed prefix is not generated)."""
+        return len(self.groups[group_key].completions[index])
+
     # ------------------------------------------------------------------ the checkpointed trajectories
     def retain(self, keys) -> None:
         """Free every group not in ``keys``."""

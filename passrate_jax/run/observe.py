@@ -89,33 +89,20 @@ def check_step_scored(record: dict, errors: RewardErrors, data_cfg) -> None:
                             f"{record['answers_scored']}): {errors.last()}. Fix it and run again")
 
 
-def _generated_lengths(backend, table, seen) -> np.ndarray | None:
-    """Generated tokens of each observed rollout (a text backend's completions; None for environments,
-    whose episodes report env/turns_mean instead)."""
-    lengths = []
-    for key, index in zip(table["group_key"][seen], table["index"][seen]):
-        completions = getattr(backend.groups.get(int(key)), "completions", None)
-        if completions is None or int(index) not in completions:
-            return None
-        lengths.append(len(completions[int(index)]))
-    return np.asarray(lengths, float)
-
-
 def rollout_stats(backend, table) -> dict[str, float]:
     """Rewards as scored (``reward/mean``, ``reward/std``: a text run's scores, floats included; an
-    environment's success bits), generated length (``response/length_mean``, ``response/length_max``,
-    tokens) and the fraction cut off by the token or turn limit (``response/truncated_fraction``)."""
+    environment's final-state rewards), tokens the policy generated (``response/length_mean``,
+    ``response/length_max``: a text answer's completion, an episode's actions) and the fraction cut off by
+    the token or turn limit (``response/truncated_fraction``), over the step's observed rollouts."""
     seen = table["observed"].astype(bool)
     if not seen.any():
         return {}
-    scores = table["score"] if len(table["score"]) == len(seen) else table["reward"]
-    scores = np.asarray(scores, float)[seen]
-    out = {"reward/mean": float(scores.mean()), "reward/std": float(scores.std()),
-           "response/truncated_fraction": float(table["truncated"][seen].mean())}
-    lengths = _generated_lengths(backend, table, seen)
-    if lengths is not None and len(lengths):
-        out.update({"response/length_mean": float(lengths.mean()), "response/length_max": int(lengths.max())})
-    return out
+    scores = np.asarray(table["score"], float)[seen]
+    lengths = np.array([backend.generated_tokens(int(key), int(index))
+                        for key, index in zip(table["group_key"][seen], table["index"][seen])])
+    return {"reward/mean": float(scores.mean()), "reward/std": float(scores.std()),
+            "response/length_mean": float(lengths.mean()), "response/length_max": int(lengths.max()),
+            "response/truncated_fraction": float(table["truncated"][seen].mean())}
 
 
 def groups_with_signal(backend, groups) -> int:
@@ -129,24 +116,21 @@ def groups_with_signal(backend, groups) -> int:
 
 
 def sample_rows(session, table, step: int, count: int) -> list[dict]:
-    """Up to ``count`` of the step's text rollouts as (step, prompt, completion, reward) rows, one per group
-    first (so the rows show different prompts); [] for environment runs."""
+    """Up to ``count`` of the step's rollouts as (step, prompt, completion, reward) rows, one per group first
+    (so the rows show different prompts). The completion is what the rollout wrote after its prompt (the
+    backend's ``response``: a text answer, an episode's turns with the environment's observations)."""
     seen = np.flatnonzero(table["observed"].astype(bool))
-    scores = table["score"] if len(table["score"]) == len(table) else table["reward"]
     by_group: dict[int, int] = {}
     for row in seen:
         by_group.setdefault(int(table["group_key"][row]), int(row))
     picked = list(by_group.values())[:count]
     picked += [int(r) for r in seen if int(r) not in picked][:count - len(picked)]
-    rows = []
+    backend, rows = session.backend, []
     for row in picked:
-        group = session.backend.groups.get(int(table["group_key"][row]))
-        completion = getattr(group, "completions", {}).get(int(table["index"][row]))
-        if completion is None:
-            return []
-        rows.append({"step": step, "prompt": session.prompts[group.prompt].prompt,
-                     "completion": session.decode(list(group.prefix) + list(completion)),
-                     "reward": float(scores[row])})
+        key, index = int(table["group_key"][row]), int(table["index"][row])
+        rows.append({"step": step, "prompt": session.prompts[backend.groups[key].prompt].prompt,
+                     "completion": session.decode(backend.response(key, index)),
+                     "reward": float(table["score"][row])})
     return rows
 
 
