@@ -31,7 +31,8 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from passrate_jax.allocation.machine import begin_step, finish_step, observe_event, observe_round, plan_event, plan_round
+from passrate_jax.allocation.machine import (begin_step, finish_step, observe_event, observe_round, plan_event,
+                                             plan_round)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,8 +199,10 @@ def run_step_events(setup, knobs, state, outcomes, lengths_of, timing: Timing):
         lambda c: ~c[1].done & (c[3].chunks < timing.max_chunks) & (c[3].stuck == 0), body, (queues_of(st), t, f, p))
     occupied = p.seq_s >= 0
     counters = {"chunks": p.chunks, "slot_steps": p.slot_steps, "live_steps": p.live_steps,
-                "aborted": jnp.sum(_queued(f)) + jnp.sum(occupied), "wasted": jnp.sum(jnp.where(occupied, p.tokens_s, 0)),
-                "limit_hit": (~t.done).astype(jnp.int32), "stuck": p.stuck, "ring_overflow": p.overflow}
+                "aborted": jnp.sum(_queued(f)) + jnp.sum(occupied),
+                "wasted": jnp.sum(jnp.where(occupied, p.tokens_s, 0)),
+                "limit_hit": (~t.done & (p.stuck == 0)).astype(jnp.int32), "stuck": p.stuck,
+                "ring_overflow": p.overflow}
     state, t = finish_step(setup, knobs, with_queues(queues), t)
     return state, t, counters
 

@@ -8,15 +8,18 @@ upward by ``sim.drift`` in logit units per step to mimic learning. Rollouts are 
 re-rollout from a prefix cut at ratio r of a successful trajectory succeeds with p + (1 - p) r^k, from
 a failed one with p (1 - r^k), k = ``sim.ps_response_power``. Every method reads the same uniform
 random numbers (rollout j of prompt i at step t uses the same draw under every method) and its
-allocator starts from the same PRNG key.
+allocator starts from the same PRNG key. Each rollout also has a length in tokens (:mod:`.lengths`:
+the default preset's measured lengths given the outcome, a lognormal long tail, or a constant).
 
-The step is the allocator's own round machine (:func:`passrate_jax.allocation.machine.run_step`) with
-Bernoulli draws in place of the sampler, so a simulated step is pure: the steps run under
-``jax.lax.scan``, the seeds (``sim.seeds``) under ``jax.vmap``, and every method on one setup (a
-:class:`~passrate_jax.allocation.policies.Family` of the policies, the method a knob): one compile in
-all. A sweep (:mod:`.sweep`) vmaps a grid of thresholds and controller gains over the method's own setup. Overrides
-``sim.<field>=value`` set :class:`SimulatorConfig`; ``allocation.*`` and ``prefix_sampling.*`` set the
-baseline every method starts from.
+The step is the allocator's own round machine (:mod:`passrate_jax.allocation.machine`) with Bernoulli
+draws in place of the sampler, in each rollout mode of ``sim.engine`` (:mod:`.sim_engine`): round
+mode, or the slot engine's event loop (``sampling.slots`` slots, chunks of ``sampling.chunk_tokens``),
+both counting the decode slot-steps the device would spend. A simulated step is pure: the steps run
+under ``jax.lax.scan``, the seeds (``sim.seeds``) under ``jax.vmap``, and every method on one setup (a
+:class:`~passrate_jax.allocation.policies.Family` of the policies, the method a knob): one compile per
+mode. A sweep (:mod:`.sweep`) vmaps a grid of thresholds and controller gains over the method's own
+setup. Overrides ``sim.<field>=value`` set :class:`SimulatorConfig`; ``allocation.*``,
+``prefix_sampling.*`` and ``sampling.*`` set the baseline every method starts from.
 """
 
 from __future__ import annotations
