@@ -221,6 +221,8 @@ def simulation(setup, world: World):
             step = run_step_events if world.engine == "slots" else run_step_rounds
             state, table, counters = step(setup, knobs, state, _outcomes(rates, fresh, replay, world.power),
                                           lengths_of, world.timing)
+            # Trained lengths are read at this step's draws: exact for rollouts generated this step; a group
+            # carried from an earlier step (ideal DS's surplus, a committed pilot) gets this step's lengths.
             return state, {**_step_metrics(table, state, rates, lengths_of(table, table.rewards)), **counters}
 
         state, metrics = jax.lax.scan(body, state, jnp.arange(world.steps))
