@@ -11,7 +11,7 @@ import pytest
 
 from passrate_jax.allocation import Allocator, Result, state_from_dict, state_to_dict
 from passrate_jax.allocation.config import AllocationConfig, PrefixSamplingConfig, SaraConfig
-from passrate_jax.study.simulate import SimulatorConfig, main, simulate
+from passrate_jax.study.simulate import SimulatorConfig, format_timing, main, simulate
 
 B, N, P = 4, 8, 48
 
@@ -143,8 +143,14 @@ def test_simulator_smoke(tmp_path, capsys):
         assert v["valid_groups_per_step"] <= B
     assert m["sara_fixed"]["rollouts_per_step"] <= B * N
     assert "ps" in m["uniform+ps"] and len(m["uniform+ps"]["ps"]["pass_rate_per_step"]) == 4
+    for v in m.values():  # both rollout modes, the same machine: round mode's numbers are the headline ones
+        assert set(v["modes"]) == {"rounds", "slots"}
+        assert v["modes"]["rounds"]["rollouts_per_valid_group"] == v["rollouts_per_valid_group"]
+        assert all(0 < t["slot_utilization"] <= 1 and t["chunk_limit_steps"] == 0 for t in v["modes"].values())
+    assert "slot-steps/trained" in format_timing(report)
     png = tmp_path / "sim.png"
-    assert main(["sim.steps=2", "sim.num_prompts=32", "sim.seeds=2", "sim.methods=[ds, sara]",
+    # Round mode only, as the plot and JSON need no second compile.
+    assert main(["sim.steps=2", "sim.num_prompts=32", "sim.seeds=2", "sim.methods=[ds, sara]", "sim.engine=rounds",
                  "allocation.num_prompts=4", "--json", "--plot", str(png), "--no-progress"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert set(out["methods"]) == {"ds", "sara"} and png.stat().st_size > 1000 and "wall_s" in out

@@ -6,8 +6,9 @@ import numpy as np
 
 
 def plot_report(report: dict, path: str) -> None:
-    """Write a 2x2 PNG: rollouts per valid group, useful-rollout fraction, pass-rate histograms of
-    trained groups, and each PS bucket's re-rollout pass rate over time."""
+    """Write a 3x2 PNG: rollouts per valid group, useful-rollout fraction, pass-rate histograms of
+    trained groups, each PS bucket's re-rollout pass rate over time, and per rollout mode (round mode,
+    the slot engine) decode slot-steps per trained rollout and slot utilization."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -15,7 +16,7 @@ def plot_report(report: dict, path: str) -> None:
     methods = report["methods"]
     names = list(methods)
     n = report["config"]["group_size"]
-    fig, ax = plt.subplots(2, 2, figsize=(14, 9))
+    fig, ax = plt.subplots(3, 2, figsize=(14, 13))
     rpv = [methods[m]["rollouts_per_valid_group"] or np.nan for m in names]
     ax[0, 0].barh(names, rpv, color="tab:blue")
     ax[0, 0].axvline(n, color="k", ls="--", lw=1, label=f"limit N = {n}")
@@ -56,6 +57,28 @@ def plot_report(report: dict, path: str) -> None:
         ax[1, 1].set_ylabel("re-rollout pass rate (20-step moving average)")
         ax[1, 1].set_title(ps_name)
         ax[1, 1].legend()
+    _plot_modes(report, ax[2])
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _plot_modes(report: dict, ax) -> None:
+    """Bars per method and rollout mode: slot-steps per trained rollout, and slot utilization."""
+    methods = report["methods"]
+    names = list(methods)
+    modes = list(methods[names[0]].get("modes", {}))
+    width = 0.8 / max(len(modes), 1)
+    y = np.arange(len(names))
+    for i, mode in enumerate(modes):
+        for a, key in zip(ax, ("slot_steps_per_trained_rollout", "slot_utilization")):
+            a.barh(y + i * width, [methods[m]["modes"][mode][key] or np.nan for m in names], width, label=mode)
+    cfg = report["config"]
+    ax[0].set_xlabel(f"decode slot-steps per trained rollout (lower is better; {cfg.get('slots')} slots, "
+                     f"chunks of {cfg.get('chunk_tokens')})")
+    ax[1].set_xlabel("decode slot utilization (live rows / rows)")
+    ax[1].set_xlim(0, 1)
+    for a in ax:
+        a.set_yticks(y + width * (len(modes) - 1) / 2, names)
+        a.invert_yaxis()
+        a.legend()

@@ -8,15 +8,18 @@ upward by ``sim.drift`` in logit units per step to mimic learning. Rollouts are 
 re-rollout from a prefix cut at ratio r of a successful trajectory succeeds with p + (1 - p) r^k, from
 a failed one with p (1 - r^k), k = ``sim.ps_response_power``. Every method reads the same uniform
 random numbers (rollout j of prompt i at step t uses the same draw under every method) and its
-allocator starts from the same PRNG key.
+allocator starts from the same PRNG key. Each rollout also has a length in tokens (:mod:`.lengths`:
+the default preset's measured lengths given the outcome, a lognormal long tail, or a constant).
 
-The step is the allocator's own round machine (:func:`passrate_jax.allocation.machine.run_step`) with
-Bernoulli draws in place of the sampler, so a simulated step is pure: the steps run under
-``jax.lax.scan``, the seeds (``sim.seeds``) under ``jax.vmap``, and every method on one setup (a
-:class:`~passrate_jax.allocation.policies.Family` of the policies, the method a knob): one compile in
-all. A sweep (:mod:`.sweep`) vmaps a grid of thresholds and controller gains over the method's own setup. Overrides
-``sim.<field>=value`` set :class:`SimulatorConfig`; ``allocation.*`` and ``prefix_sampling.*`` set the
-baseline every method starts from.
+The step is the allocator's own round machine (:mod:`passrate_jax.allocation.machine`) with Bernoulli
+draws in place of the sampler, in each rollout mode of ``sim.engine`` (:mod:`.sim_engine`): round
+mode, or the slot engine's event loop (``sampling.slots`` slots, chunks of ``sampling.chunk_tokens``),
+both counting the decode slot-steps the device would spend. A simulated step is pure: the steps run
+under ``jax.lax.scan``, the seeds (``sim.seeds``) under ``jax.vmap``, and every method on one setup (a
+:class:`~passrate_jax.allocation.policies.Family` of the policies, the method a knob): one compile per
+mode. A sweep (:mod:`.sweep`) vmaps a grid of thresholds and controller gains over the method's own
+setup. Overrides ``sim.<field>=value`` set :class:`SimulatorConfig`; ``allocation.*``,
+``prefix_sampling.*`` and ``sampling.*`` set the baseline every method starts from.
 """
 
 from __future__ import annotations
@@ -35,12 +38,14 @@ import numpy as np
 
 from passrate_jax.allocation.allocator import Allocator
 from passrate_jax.allocation.config import AllocationConfig, PrefixSamplingConfig
-from passrate_jax.allocation.machine import run_step
 from passrate_jax.allocation.policies import Knobs, make_setup
-from passrate_jax.allocation.prefix_control import bucket_successes
 from passrate_jax.allocation.table import ABANDONED, successes
 from passrate_jax.configlib import ConfigError, apply_overrides, build, option, read_preset, section
+from passrate_jax.sampling.config import SamplingConfig
+from passrate_jax.study.lengths import KINDS, LengthModel, draw_lengths
+from passrate_jax.study.sim_engine import Timing, run_step_events, run_step_rounds
 from passrate_jax.study.sim_plot import plot_report
+from passrate_jax.study.sim_report import format_table, format_timing, summarise, summarise_timing
 
 BASES = ("uniform", "ds", "ds_ideal", "sara", "sara_fixed", "pilot_commit")
 DEFAULT_METHODS = ("uniform", "ds", "ds_ideal", "mopps", "dps", "sara", "sara+mopps", "sara+dps", "sara_fixed",
@@ -63,6 +68,15 @@ class SimulatorConfig:
     seed: int = option(0, ge=0, doc="first seed")
     seeds: int = option(5, ge=1, doc="seeds seed .. seed + seeds - 1, run side by side (vmapped)")
     methods: tuple[str, ...] = option(DEFAULT_METHODS, doc="names base[+mopps|+dps][+ps]")
+    engine: str = option("both", doc="rollout modes simulated: rounds, slots (the slot engine, sampling.slots and "
+                                     "sampling.chunk_tokens) or both (docs/engine.md, 'The simulator')")
+    lengths: str = option("table", doc="answer lengths: table (the default preset's, measured), lognormal, constant")
+    length_median: float = option(36.0, gt=0, doc="lognormal: median answer tokens; constant: every answer's")
+    length_sigma: float = option(0.8, gt=0, doc="lognormal: log-sd (p99 / median = exp(2.326 sigma))")
+    length_fail_factor: float = option(1.0, gt=0, doc="a failed answer's length is multiplied by this")
+    max_tokens: int = option(0, ge=0, doc="token limit (lengths clipped to it); 0: sampling.max_new_tokens")
+    max_chunks: int = option(4096, ge=1, doc="slot engine: chunks a step may run (a step stopped there is "
+                                              "counted in chunk_limit_steps)")
 
     def validate(self) -> None:
         if not len(self.mixture_weights) == len(self.mixture_a) == len(self.mixture_b) > 0:
@@ -73,6 +87,14 @@ class SimulatorConfig:
             raise ConfigError("methods = (): name at least one method")
         for name in self.methods:
             method_configs(name, AllocationConfig(), PrefixSamplingConfig())
+        if self.engine not in ("rounds", "slots", "both"):
+            raise ConfigError(f"sim.engine = {self.engine!r}: must be rounds, slots or both")
+        if self.lengths not in KINDS:
+            raise ConfigError(f"sim.lengths = {self.lengths!r}: must be one of {', '.join(KINDS)}")
+
+    @property
+    def engines(self) -> tuple[str, ...]:
+        return ("rounds", "slots") if self.engine == "both" else (self.engine,)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,6 +102,7 @@ class AllocationSettings:
     """The part of a run config the simulator reads (a preset's other sections are ignored)."""
     allocation: AllocationConfig = section(AllocationConfig)
     prefix_sampling: PrefixSamplingConfig = section(PrefixSamplingConfig)
+    sampling: SamplingConfig = section(SamplingConfig)
 
 
 def method_configs(name: str, base: AllocationConfig, ps: PrefixSamplingConfig):
@@ -119,10 +142,23 @@ def survival(p, n: int):
 
 @dataclasses.dataclass(frozen=True)
 class World:
-    """Static description of the simulated world; the per-seed arrays are passed alongside."""
+    """Static description of the simulated world; the per-seed arrays are passed alongside. ``engine``:
+    the rollout mode (rounds or slots) with its time model ``timing`` and answer ``lengths``."""
     steps: int
     drift: float
     power: float
+    engine: str = "rounds"
+    timing: Timing = Timing(64, 8, 4096, (64, 128, 256))
+    lengths: LengthModel = LengthModel("constant", 64)
+
+
+def make_world(sim: SimulatorConfig, sampling: SamplingConfig | None, engine: str = "rounds") -> World:
+    """The :class:`World` of a simulator config, its rollout mode and sampling options."""
+    sampling = sampling or SamplingConfig()
+    timing = Timing(sampling.slots, sampling.chunk_tokens, sim.max_chunks, tuple(sampling.row_buckets))
+    lengths = LengthModel.build(sim.lengths, sim.max_tokens or sampling.max_new_tokens, sim.length_median,
+                                sim.length_sigma, sim.length_fail_factor)
+    return World(sim.steps, sim.drift, sim.ps_response_power, engine, timing, lengths)
 
 
 def _outcomes(rates, fresh, replay, power):
@@ -139,11 +175,22 @@ def _outcomes(rates, fresh, replay, power):
     return outcomes
 
 
-def _step_metrics(t, state, rates):
+def _lengths(model: LengthModel, fresh, replay):
+    """``lengths_of(t, rewards)``: tokens of row g's rollout j, int32 [G, N], from the step's uniform
+    length draws of its prompt (fresh or replay, as the outcomes), given its outcome."""
+    def lengths_of(t, rewards):
+        is_replay = t.bucket >= 0
+        u = jnp.where(is_replay[:, None], replay[t.prompt], fresh[t.prompt])
+        return draw_lengths(model, u, rewards, jnp.where(is_replay, t.cut, 0.0)[:, None])
+    return lengths_of
+
+
+def _step_metrics(t, state, rates, lengths):
     """What one step did, as arrays (scan stacks them over steps)."""
     n_full = t.rewards.shape[1]
     s = successes(t)
     trained = t.rank >= 0
+    held = trained[:, None] & (jnp.arange(n_full)[None, :] < t.n[:, None])
     valid = trained & (s > 0) & (s < t.n)
     full = trained & (t.n == n_full)
     abandoned = t.closed == ABANDONED  # per prompt (closed groups leave the table's rows)
@@ -153,7 +200,8 @@ def _step_metrics(t, state, rates):
             "abandoned": jnp.sum(abandoned),
             "abandoned_phi": jnp.sum(jnp.where(abandoned, survival(rates, n_full), 0.0)),
             "replay_successes": t.replay_successes, "replay_rollouts": t.replay_rollouts,
-            "ratio": state.prefix_control.ratio}
+            "ratio": state.prefix_control.ratio, "trained_rollouts": jnp.sum(held),
+            "trained_tokens": jnp.sum(jnp.where(held, lengths, 0))}
 
 
 def simulation(setup, world: World):
@@ -166,8 +214,16 @@ def simulation(setup, world: World):
             rates = jax.nn.sigmoid(logit0 + world.drift * t)
             k_fresh, k_replay = jax.random.split(jax.random.fold_in(key, t))
             fresh, replay = jax.random.uniform(k_fresh, (p, n)), jax.random.uniform(k_replay, (p, n))
-            state, table = run_step(setup, knobs, state, _outcomes(rates, fresh, replay, world.power))
-            return state, _step_metrics(table, state, rates)
+            # Lengths from their own keys: the outcomes' draws stay those of the simulator without lengths.
+            k_len, k_len_replay = jax.random.split(jax.random.fold_in(jax.random.fold_in(key, t), 1))
+            lengths_of = _lengths(world.lengths, jax.random.uniform(k_len, (p, n)),
+                                  jax.random.uniform(k_len_replay, (p, n)))
+            step = run_step_events if world.engine == "slots" else run_step_rounds
+            state, table, counters = step(setup, knobs, state, _outcomes(rates, fresh, replay, world.power),
+                                          lengths_of, world.timing)
+            # Trained lengths are read at this step's draws: exact for rollouts generated this step; a group
+            # carried from an earlier step (ideal DS's surplus, a committed pilot) gets this step's lengths.
+            return state, {**_step_metrics(table, state, rates, lengths_of(table, table.rewards)), **counters}
 
         state, metrics = jax.lax.scan(body, state, jnp.arange(world.steps))
         return {**metrics, "evicted": jnp.sum(state.evicted)}
@@ -205,97 +261,66 @@ def grid_axes(knobs: Knobs, base: Knobs) -> tuple[int, Knobs]:
 
 
 def prepare(name: str, sim: SimulatorConfig, alloc: AllocationConfig, ps: PrefixSamplingConfig,
-            knobs: Knobs | None = None):
+            knobs: Knobs | None = None, world: World | None = None):
     """(jitted run, its arguments) for method ``name``; ``knobs`` (optional, some with leading grid
     axes) replaces the configs' thresholds and gains: a sweep. Without ``knobs`` every method runs on
     one setup (a :class:`~passrate_jax.allocation.policies.Family` of the policies: one compile for
     all); a sweep runs on the method's own setup, whose table is sized for that method alone (uniform's
-    grid is 40x cheaper per step than on the family's table) and which draws the same numbers."""
+    grid is 40x cheaper per step than on the family's table) and which draws the same numbers. ``world``:
+    the rollout mode and time model (default: round mode, sampling's defaults)."""
     cfg, pcfg = method_configs(name, alloc, ps)
     allocator = Allocator(cfg, pcfg, sim.num_prompts)
     setup = make_setup(cfg, pcfg, sim.num_prompts, family=True) if knobs is None else allocator.setup
     rank, knob_axes = (0, None) if knobs is None else grid_axes(knobs, allocator.knobs)
-    run = _runner(setup, World(sim.steps, sim.drift, sim.ps_response_power), rank, knob_axes)
+    run = _runner(setup, world or make_world(sim, None), rank, knob_axes)
     return run, (allocator.knobs if knobs is None else knobs, *_seed_inputs(sim, allocator))
 
 
 def run_method(name: str, sim: SimulatorConfig, alloc: AllocationConfig, ps: PrefixSamplingConfig,
-               knobs: Knobs | None = None) -> dict:
+               knobs: Knobs | None = None, world: World | None = None) -> dict:
     """Per-step metrics of method ``name`` for every seed (numpy, leading axes [grid..., seeds, T]), in
     one call (:func:`~.sweep.run_grid` splits a grid over the CPU's cores)."""
-    run, args = prepare(name, sim, alloc, ps, knobs)
+    run, args = prepare(name, sim, alloc, ps, knobs, world)
     return jax.device_get(run(*args))
 
 
-def summarise(m: dict, sim: SimulatorConfig, group_size: int, ps_on: bool) -> dict:
-    """Per-seed headline numbers, then their mean and sd over seeds."""
-    if m["overflow"].any():
-        raise RuntimeError("simulate: groups found no free row in the step table (a policy's capacity is wrong)")
-    spent, valid, useful, trained = (m[k].sum(-1).astype(float) for k in ("spent", "valid", "useful", "trained"))
-    per_seed = {
-        "rollouts_per_valid_group": np.where(valid > 0, spent / np.maximum(valid, 1), np.nan),
-        "useful_rollout_fraction": useful / np.maximum(spent, 1),
-        "valid_groups_per_step": valid / sim.steps,
-        "trained_groups_per_step": trained / sim.steps,
-        "rollouts_per_step": spent / sim.steps,
-        "abandoned_prompts": m["abandoned"].sum(-1).astype(float),
-        "abandoned_informative_fraction": np.where(m["abandoned"].sum(-1) > 0, m["abandoned_phi"].sum(-1)
-                                                   / np.maximum(m["abandoned"].sum(-1), 1), np.nan),
-        "evicted_prompts": m["evicted"].astype(float),
-    }
-    out = {}
-    for k, v in per_seed.items():
-        ok = ~np.isnan(v)
-        out[k] = float(v[ok].mean()) if ok.any() else None
-        out[k + "_sd"] = float(v[ok].std(ddof=1)) if ok.sum() > 1 else (0.0 if ok.any() else None)
-    hist = m["hist"].sum((0, 1))
-    out["pass_rate_histogram"] = (hist / max(hist.sum(), 1)).round(4).tolist()
-    if ps_on:
-        succ = m["replay_successes"][:, sim.warmup:].sum((0, 1))
-        roll = m["replay_rollouts"][:, sim.warmup:].sum((0, 1))
-        with np.errstate(invalid="ignore", divide="ignore"):
-            after = succ / roll
-            rate = m["replay_successes"][0] / m["replay_rollouts"][0]
-        out["ps"] = {
-            "bucket_successes": bucket_successes(group_size),
-            "rerollout_pass_rate_after_warmup": [None if np.isnan(x) else round(float(x), 4) for x in after],
-            "rerollouts_after_warmup": roll.astype(int).tolist(),
-            "final_ratio": m["ratio"][:, -1].mean(0).round(3).tolist(),
-            "pass_rate_per_step": [[None if np.isnan(x) else round(float(x), 3) for x in row] for row in rate],
-        }
-    return out
-
-
-def simulate(sim: SimulatorConfig, alloc: AllocationConfig, ps: PrefixSamplingConfig, progress: bool = True) -> dict:
-    """Run every method of ``sim.methods`` over ``sim.seeds`` seeds; returns {"config", "population",
-    "methods": {name: metrics (means over seeds, sd as name_sd)}, "wall_s"}."""
+def simulate(sim: SimulatorConfig, alloc: AllocationConfig, ps: PrefixSamplingConfig, progress: bool = True,
+             sampling: SamplingConfig | None = None) -> dict:
+    """Run every method of ``sim.methods`` over ``sim.seeds`` seeds in each rollout mode of ``sim.engine``;
+    returns {"config", "population", "methods": {name: metrics (means over seeds, sd as name_sd) of the
+    first mode, and "modes": {mode: its time model's numbers}}, "wall_s"}."""
     start = time.perf_counter()
     bar = None
+    keys = [(name, engine) for engine in sim.engines for name in sim.methods]
     if progress:
         from tqdm import tqdm
-        bar = tqdm(total=len(sim.methods), desc="simulate", unit="method", file=sys.stderr)
-    first, *rest = sim.methods
-    jobs = {first: prepare(first, sim, alloc, ps)}
+        bar = tqdm(total=len(keys), desc="simulate", unit="run", file=sys.stderr)
+    worlds = {engine: make_world(sim, sampling, engine) for engine in sim.engines}
+    first, *rest = keys
+    jobs = {first: prepare(first[0], sim, alloc, ps, world=worlds[first[1]])}
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
-        # Every method shares one runner (one setup, the method a knob), so there is one compile; it
-        # overlaps the host-side set-up of the other methods, then the runs go on two threads (XLA
-        # compiles and runs without the GIL).
+        # Every method shares one runner per mode (one setup, the method a knob), so there is one compile
+        # per mode; the first overlaps the host-side set-up of the other runs, then the runs go on two
+        # threads (XLA compiles and runs without the GIL).
         compiling = pool.submit(lambda run, args: run.lower(*args).compile(), *jobs[first])
-        jobs.update({name: prepare(name, sim, alloc, ps) for name in rest})
+        jobs.update({key: prepare(key[0], sim, alloc, ps, world=worlds[key[1]]) for key in rest})
         compiled = {id(jobs[first][0]): compiling.result()}
         for run, args in jobs.values():
             if id(run) not in compiled:
                 compiled[id(run)] = run.lower(*args).compile()
 
-        def one(name):
-            run, args = jobs[name]
-            out = summarise(jax.device_get(compiled[id(run)](*args)), sim, alloc.group_size, "ps" in name.split("+"))
+        def one(key):
+            run, args = jobs[key]
+            m = jax.device_get(compiled[id(run)](*args))
+            out = summarise(m, sim, alloc.group_size, "ps" in key[0].split("+")), summarise_timing(m, sim.steps)
             if bar is not None:
                 bar.update(1)
             return out
-        methods = dict(zip(sim.methods, pool.map(one, sim.methods)))
+        runs = dict(zip(keys, pool.map(one, keys)))
     if bar is not None:
         bar.close()
+    methods = {name: {**runs[(name, sim.engines[0])][0],
+                      "modes": {engine: runs[(name, engine)][1] for engine in sim.engines}} for name in sim.methods}
     n = alloc.group_size
     p0 = np.stack([population(sim, np.random.default_rng(s)) for s in range(sim.seed, sim.seed + sim.seeds)])
     p_end = 1 / (1 + np.exp(-(np.log(p0) - np.log1p(-p0) + sim.drift * (sim.steps - 1))))
@@ -305,28 +330,11 @@ def simulate(sim: SimulatorConfig, alloc: AllocationConfig, ps: PrefixSamplingCo
     ds = methods.get("ds", {}).get("rollouts_per_valid_group")
     for m in methods.values():
         m["vs_ds"] = round(m["rollouts_per_valid_group"] / ds, 4) if ds and m["rollouts_per_valid_group"] else None
-    return {"config": {"sim": dataclasses.asdict(sim), "num_prompts_per_step": alloc.num_prompts, "group_size": n},
+    timing = worlds[sim.engines[-1]].timing
+    return {"config": {"sim": dataclasses.asdict(sim), "num_prompts_per_step": alloc.num_prompts, "group_size": n,
+                       "slots": timing.slots, "chunk_tokens": timing.chunk, "row_buckets": list(timing.row_buckets),
+                       "max_tokens": worlds[sim.engines[-1]].lengths.limit},
             "population": pop, "methods": methods, "wall_s": round(time.perf_counter() - start, 2)}
-
-
-def format_table(report: dict) -> str:
-    """A plain-text table of the headline metrics (mean +- sd over seeds), one row per method."""
-    head = (f"{'method':<22}{'rollouts/valid':>16}{'x DS':>7}{'useful':>16}{'valid/step':>15}"
-            f"{'abandoned inf.':>15}  PS pass rate after warm-up")
-    lines = [head, "-" * len(head)]
-    fmt = lambda x, f: "-" if x is None else format(x, f)  # noqa: E731
-    pm = lambda m, k, f: "-" if m[k] is None else f"{m[k]:{f}} +- {m[k + '_sd']:{f}}"  # noqa: E731
-    for name, m in report["methods"].items():
-        ps = m.get("ps", {}).get("rerollout_pass_rate_after_warmup")
-        lines.append(f"{name:<22}{pm(m, 'rollouts_per_valid_group', '.2f'):>16}{fmt(m['vs_ds'], '.2f'):>7}"
-                     f"{pm(m, 'useful_rollout_fraction', '.3f'):>16}{pm(m, 'valid_groups_per_step', '.2f'):>15}"
-                     f"{fmt(m['abandoned_informative_fraction'], '.3f'):>15}  "
-                     + ("" if ps is None else " ".join(fmt(x, ".3f") for x in ps)))
-    pop, sim = report["population"], report["config"]["sim"]
-    lines.append(f"population: mean pass rate {pop['mean_pass_rate']}, uniform groups saturated "
-                 f"{pop['uniform_saturated_fraction']} at step 0, {pop['uniform_saturated_fraction_final']} at the end")
-    lines.append(f"{sim['seeds']} seeds, {sim['steps']} steps, {sim['num_prompts']} prompts; wall {report['wall_s']} s")
-    return "\n".join(lines)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -352,19 +360,20 @@ def run(args: argparse.Namespace) -> int:
     sim_over = [o[len("sim."):] for o in args.overrides if o.startswith("sim.")]
     try:
         data = read_preset(args.config) if args.config else {}
-        data = {k: v for k, v in data.items() if k in ("allocation", "prefix_sampling")}
+        data = {k: v for k, v in data.items() if k in ("allocation", "prefix_sampling", "sampling")}
         cfg = build(AllocationSettings, apply_overrides(data, [o for o in args.overrides if not o.startswith("sim.")]))
         sim = build(SimulatorConfig, apply_overrides({}, sim_over), prefix="sim.")
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    report = simulate(sim, cfg.allocation, cfg.prefix_sampling, progress=not args.no_progress)
+    report = simulate(sim, cfg.allocation, cfg.prefix_sampling, progress=not args.no_progress, sampling=cfg.sampling)
     if args.plot:
         plot_report(report, args.plot)
     if args.json:
         print(json.dumps(report))
     else:
         print(format_table(report))
+        print(format_timing(report))
     return 0
 
 

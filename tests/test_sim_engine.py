@@ -1,0 +1,226 @@
+"""The simulator's rollout modes (study/sim_engine.py): the slot engine's jit-compatible pool against
+a hand count and against the real event loop (rollout/events.py), and against round mode.
+
+- A tiny step counted by hand: slot-steps, live steps and chunks of both modes.
+- The jitted pool and event loop make the decisions and count the chunks, decode steps, aborted
+  rollouts and wasted tokens of ``collect_rollouts_events`` driving a host model of ``SlotPool``.
+- Every answer the same length and a chunk at least that long (and slots for every rollout): the
+  engine's numbers are round mode's for every method.
+- No length bias: failed answers three times longer than successful ones, DS admits exactly round
+  mode's groups and SARA's trained groups keep round mode's pass-rate distribution.
+"""
+
+import collections
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from passrate_jax.allocation import Allocator
+from passrate_jax.allocation.config import AllocationConfig, PrefixSamplingConfig, SaraConfig
+from passrate_jax.rollout.events import collect_rollouts_events
+from passrate_jax.study.sim_engine import Timing, run_step_events, run_step_rounds
+from passrate_jax.study.simulate import SimulatorConfig, World, make_world, run_method
+from passrate_jax.study.lengths import LengthModel
+from passrate_jax.sampling.config import SamplingConfig
+
+
+def _stepper(run, allocator, timing):
+    """``step(state, rewards [P, N], lengths [P, N])``: one jitted step of ``run`` in which rollout j of
+    prompt i scores rewards[i, j] after lengths[i, j] tokens."""
+    def step(state, rewards, lengths):
+        outcomes = lambda st, t: (rewards[t.prompt].astype(jnp.int8), jnp.ones(t.prompt.shape, bool))  # noqa: E731
+        return run(allocator.setup, allocator.knobs, state, outcomes, lambda t, r: lengths[t.prompt], timing)
+    return jax.jit(step)
+
+
+def test_tiny_step_counted_by_hand():
+    """One prompt, N = 4 answers of 5, 2, 7 and 1 tokens (L - 1 decode steps each: 4, 1, 6, 0).
+    Rounds: one call of 4 rows x 6 steps = 24 slot-steps, 11 live. Engine, 2 slots, chunks of 3:
+    chunk 0 runs answers 0, 1 (3 steps: 6 slot-steps); chunk 1 finishes answer 0 (1 step: 2); answer 1,
+    harvested after chunk 1, frees its slot for answer 2 in chunk 2 (3 steps: 6); answer 0's slot takes
+    answer 3 (ended at its first token) in chunk 3 (3 steps: 6); chunk 4 runs no step and delivers the
+    last two: 20 slot-steps, 11 live, 5 chunks."""
+    allocator = Allocator(AllocationConfig(method="uniform", num_prompts=1, group_size=4), PrefixSamplingConfig(), 1)
+    state = allocator.init(jax.random.PRNGKey(0))
+    lengths, rewards = [[5, 2, 7, 1]], [[1, 0, 1, 0]]
+    timing = Timing(slots=2, chunk=3, max_chunks=100, row_buckets=(4,))
+    _, t, rounds = _stepper(run_step_rounds, allocator, timing)(state, np.array(rewards), np.array(lengths))
+    _, e, engine = _stepper(run_step_events, allocator, timing)(state, np.array(rewards), np.array(lengths))
+    assert {k: int(v) for k, v in rounds.items() if k in ("slot_steps", "live_steps", "chunks")} == {
+        "slot_steps": 24, "live_steps": 11, "chunks": 1}
+    assert {k: int(v) for k, v in engine.items()} == {"chunks": 5, "slot_steps": 20, "live_steps": 11, "aborted": 0,
+                                                      "wasted": 0, "limit_hit": 0, "stuck": 0, "ring_overflow": 0}
+    assert int(t.trained) == int(e.trained) == 1
+
+
+class PoolModel:
+    """A host model of ``sampling/slot_pool.py``'s ``SlotPool`` for ``collect_rollouts_events``: queued
+    rollouts start in the lowest free slots, a chunk decodes up to ``chunk`` steps of every live row (a
+    rollout's first token comes with its insert), and a chunk's finished rows are delivered by the next
+    ``advance`` after it dispatches. Counts chunks, slot-steps and live steps."""
+
+    def __init__(self, backend, slots: int, chunk: int):
+        self.backend, self.chunk = backend, chunk
+        self.queue, self.occupant, self.pending = collections.deque(), [None] * slots, collections.deque()
+        self.chunks = self.slot_steps = self.live_steps = 0
+
+    @property
+    def idle(self):
+        return not self.queue and not self.pending and all(o is None for o in self.occupant)
+
+    def add(self, request, tag):
+        for j in range(request.num_rollouts):
+            index = request.first_index + j
+            self.queue.append({"out": (tag, index, (request.prompt_id, index)), "left": 0, "tokens": 1,
+                               "length": self.backend.lengths[request.prompt_id, index]})
+
+    def advance(self):
+        for slot in [i for i, o in enumerate(self.occupant) if o is None][:len(self.queue)]:
+            o = self.occupant[slot] = self.queue.popleft()
+            o["left"], o["start"] = o["length"] - 1, self.chunks
+        dispatched = any(o is not None for o in self.occupant)
+        if dispatched:
+            gains = [min(o["left"], self.chunk) if o is not None else 0 for o in self.occupant]
+            for o, g in zip(self.occupant, gains):
+                if o is not None:
+                    o["left"], o["tokens"] = o["left"] - g, o["tokens"] + g
+            self.slot_steps += max(gains) * len(self.occupant)
+            self.live_steps += sum(gains)
+            self.pending.append([(s, o) for s, o in enumerate(self.occupant) if o is not None and o["left"] == 0])
+            self.chunks += 1
+        out = []
+        while len(self.pending) > (1 if dispatched else 0):
+            for slot, o in self.pending.popleft():
+                if self.occupant[slot] is o:
+                    out.append(o["out"])
+                    self.occupant[slot] = None
+        return out
+
+    def abort(self):
+        running = [o for o in self.occupant if o is not None]
+        aborted, wasted = len(self.queue) + len(running), sum(o["tokens"] for o in running)
+        self.queue.clear()
+        self.occupant = [None] * len(self.occupant)
+        return aborted, wasted
+
+    def counters(self):
+        return {"chunks": self.chunks, "slot_steps": self.slot_steps, "live_steps": self.live_steps}
+
+
+class TableBackend:
+    """Rollout (prompt, index) scores rewards[prompt, index] after lengths[prompt, index] tokens."""
+
+    def __init__(self, rewards, lengths, slots, chunk):
+        self.rewards, self.lengths, self.slots, self.chunk = rewards, lengths, slots, chunk
+
+    def open_step(self, params):
+        pass
+
+    def close_step(self):
+        return {}
+
+    def contexts(self, requests):
+        return list(requests)
+
+    def score(self, requests, rollouts):
+        flat = [x for rs in rollouts for x in rs]
+        return {"reward": np.array([self.rewards[p, i] for p, i in flat], np.int64),
+                "truncated": np.zeros(len(flat), bool), "verifier_error": np.zeros(len(flat), bool)}
+
+    def record(self, requests, rollouts, scores):
+        pass
+
+    def stream(self, params, seed):
+        return PoolModel(self, self.slots, self.chunk)
+
+
+PROMPTS, B, N = 48, 4, 8
+CROSS_CHECKED = {
+    "ds": AllocationConfig(method="ds", num_prompts=B, group_size=N),
+    "sara_fill": AllocationConfig(method="sara", num_prompts=B, group_size=N),
+    "pilot_commit": AllocationConfig(method="pilot_commit", num_prompts=B, group_size=N),
+}
+
+
+@pytest.mark.parametrize("method", [pytest.param(m, marks=pytest.mark.slow) if m == "pilot_commit" else m
+                                    for m in CROSS_CHECKED])
+def test_pool_matches_the_event_loop(method):
+    """Three steps (the allocator state carried), 12 slots, chunks of 4, answers of 1 to 40 tokens, a
+    failed answer longer: the jitted engine step trains the same groups, spends, aborts and wastes the
+    same, and runs the same chunks, slot-steps and live steps as the host loop."""
+    allocator = Allocator(CROSS_CHECKED[method], PrefixSamplingConfig(), PROMPTS)
+    rng = np.random.default_rng(7)
+    timing = Timing(slots=12, chunk=4, max_chunks=10_000, row_buckets=(64,))
+    state_jit = state_host = allocator.init(jax.random.PRNGKey(1))
+    step_jit = _stepper(run_step_events, allocator, timing)
+    for step in range(3):
+        rate = rng.uniform(0, 1, (PROMPTS, 1))
+        rewards = (rng.uniform(0, 1, (PROMPTS, N)) < rate).astype(np.int8)
+        lengths = np.minimum(rng.integers(1, 25, (PROMPTS, N)) + 15 * (1 - rewards), 40)
+        backend = TableBackend(rewards, lengths, timing.slots, timing.chunk)
+        host = collect_rollouts_events(allocator, state_host, backend, None, seed=step)
+        state_jit, t, counters = step_jit(state_jit, rewards, lengths)
+        t = jax.device_get(t)
+        order = np.argsort(np.where(t.rank >= 0, t.rank, t.capacity))[:int(t.trained)]
+        assert [(int(t.key[g]), int(t.prompt[g])) for g in order] == [
+            (g.group_key, g.prompt_id) for g in host.result.groups]
+        assert int(t.spent) == host.result.rollouts_spent
+        assert {k: int(counters[k]) for k in ("chunks", "slot_steps", "live_steps", "aborted", "wasted")} == {
+            **{k: host.engine[k] for k in ("chunks", "slot_steps", "live_steps")},
+            "aborted": host.engine["rollouts/aborted"], "wasted": host.engine["tokens/wasted"]}
+        state_host = host.state
+    assert counters["limit_hit"] == counters["stuck"] == counters["ring_overflow"] == 0
+
+
+SIM = SimulatorConfig(steps=30, num_prompts=128, seeds=2, warmup=1)
+ALLOC = AllocationConfig(num_prompts=B, group_size=N)
+DECISIONS = ("spent", "trained", "valid", "useful", "hist", "abandoned", "replay_successes", "replay_rollouts",
+             "trained_rollouts", "trained_tokens", "evicted")
+
+
+def _world(mode: str, lengths: LengthModel, slots: int, chunk: int) -> World:
+    return World(SIM.steps, SIM.drift, SIM.ps_response_power, mode, Timing(slots, chunk, 4096, (64, 128, 256)), lengths)
+
+
+# Round mode's decisions do not depend on lengths: both tests below read them from this one world (one compile).
+TWENTY = LengthModel("constant", 64, median=20.0)
+ROUNDS = _world("rounds", TWENTY, 1024, 20)
+
+
+@functools.lru_cache(maxsize=None)
+def _run(name: str, world: World) -> dict:
+    return run_method(name, SIM, ALLOC, PrefixSamplingConfig(), world=world)
+
+
+def test_equal_lengths_engine_equals_rounds_for_every_method():
+    """Every answer 20 tokens, chunks of 20 and a slot for every rollout in flight: each round retires
+    in one event, so every method's every per-step number is round mode's; and nothing is aborted."""
+    slots = _world("slots", TWENTY, 1024, 20)
+    for name in SIM.methods:
+        r, e = _run(name, ROUNDS), _run(name, slots)
+        for key in DECISIONS:
+            np.testing.assert_array_equal(e[key], r[key], err_msg=f"{name}: {key}")
+        assert e["aborted"].sum() == 0 and e["limit_hit"].sum() == 0 and r["trained"].sum() > 0, name
+
+
+def test_completion_order_never_biases_admission():
+    """Failed answers three times longer (lognormal lengths) and a pool of 16 slots in chunks of 4: the
+    groups that finish first are the easy ones, yet DS trains exactly round mode's groups and SARA's
+    trained groups keep round mode's pass-rate histogram (within sampling noise)."""
+    slots = _world("slots", LengthModel("lognormal", 256, median=20.0, sigma=0.8, fail_factor=3.0), 16, 4)
+    ds_r, ds_e = _run("ds", ROUNDS), _run("ds", slots)
+    np.testing.assert_array_equal(ds_e["hist"], ds_r["hist"])
+    assert ds_e["aborted"].sum() > 0  # groups not needed were cut short: completion order did differ
+    sara_r, sara_e = _run("sara", ROUNDS), _run("sara", slots)
+    hr, he = (m["hist"].sum((0, 1)) / m["hist"].sum() for m in (sara_r, sara_e))
+    mean = lambda h: float(np.dot(h, np.arange(N + 1)))  # noqa: E731
+    assert abs(mean(he) - mean(hr)) < 0.25 and np.abs(he - hr).max() < 0.06
+
+
+def test_make_world_reads_sampling_and_the_length_table():
+    world = make_world(SimulatorConfig(), SamplingConfig(slots=32, chunk_tokens=4, max_new_tokens=56), "slots")
+    assert (world.timing.slots, world.timing.chunk, world.lengths.limit, world.engine) == (32, 4, 56, "slots")
+    assert world.lengths.kind == "table" and abs(world.lengths.success_cdf[-1] - 1) < 1e-6
