@@ -32,11 +32,10 @@ import jax.numpy as jnp
 from passrate_jax.allocation.group_queue import queue_expire
 from passrate_jax.allocation.policies import Knobs, Setup, toward_b, trained_toward_b
 from passrate_jax.allocation.prefix_control import prefix_control_update
-from passrate_jax.allocation.replay import open_replays, open_same_step, push_sources, source_rows
 from passrate_jax.allocation.selection import selection_update
 from passrate_jax.allocation.table import (CONFIRMED, DROPPED, PER_PROMPT_FIELDS, REJECTED, TRAINED, StepTable,
                                            close_rows, draw_thompson, observed, open_fresh, pending, shuffle_available,
-                                           split_rng, successes, table_init, take_rows)
+                                           successes, table_init, take_rows)
 
 
 def begin_step(setup: Setup, knobs: Knobs, state):
@@ -50,14 +49,7 @@ def begin_step(setup: Setup, knobs: Knobs, state):
     k = jnp.where(knobs.keep_surplus, setup.B, 0)
     t, q, _, _ = take_rows(t, q, k, q.stamp.astype(jnp.float32), CONFIRMED, lambda n: 0 * n, carried=True)
     t = _complete(setup, knobs, t, pending(t) & t.carried)
-    state = state.replace(surplus=q)
-    if setup.ps.timing == "same_step":
-        t = t.replace(replay_left=jnp.where(knobs.ps_on, setup.replay_slots, 0).astype(jnp.int32))
-        t, _ = split_rng(t)  # as opening does: the step's prompt order is the same whatever the timing
-    else:
-        # Opened here, once a step, rather than tested for in every round.
-        k = jnp.where(knobs.ps_on & (trained_toward_b(setup, t) < setup.B), setup.replay_slots, 0)
-        state, t, _ = open_replays(setup, knobs, state, t, k)
+    state, t = setup.timing.begin(setup, knobs, state.replace(surplus=q), t)
     return state, shuffle_available(close_rows(t), state.pilot_buffer)
 
 
@@ -65,11 +57,8 @@ def plan_round(setup: Setup, knobs: Knobs, state, t: StepTable):
     """Plan the next round: the policy's requests (PS re-rollout groups, opened by
     :func:`begin_step`, go in the first; same-step ones are opened here). Sets ``done`` when there is
     nothing to request (B groups trained, round limit, budget, no prompts left)."""
-    same_step = setup.ps.timing == "same_step"
     go = ~t.done & (t.event_wave < knobs.max_rounds)
-    if same_step:
-        state, t = open_same_step(setup, knobs, state, t, go)
-    replays = go & (t.bucket >= 0) if same_step else False  # requested even when B groups count already
+    state, t, replays = setup.timing.open_round(setup, knobs, state, t, go)  # rows requested whatever ``go``
     go = go & (trained_toward_b(setup, t) < setup.B)
     planned_state, planned, op = setup.policy.plan(setup, knobs, state, t)
     # The prompts are chosen here, once for every policy (the selection is the costly part to compile).
@@ -79,10 +68,10 @@ def plan_round(setup: Setup, knobs: Knobs, state, t: StepTable):
     # (large, per-prompt) selection models out of every round's copies. Without ``go`` the step ends
     # here, so the table's per-prompt fields (which nothing after the last round reads as planned) are
     # not selected either: only the rows and scalars. Same-step replays may go on without ``go``: then
-    # every field is.
+    # every field is (``timing.in_step``).
     queues = lambda st: (st.pilot_buffer, st.replay_queue, st.surplus)  # noqa: E731
     rows = lambda tb: {f.name: getattr(tb, f.name) for f in dataclasses.fields(tb)  # noqa: E731
-                       if same_step or f.name not in PER_PROMPT_FIELDS}
+                       if setup.timing.in_step or f.name not in PER_PROMPT_FIELDS}
     (buf, replay, surplus), kept = jax.tree.map(lambda a, b: jnp.where(go, a, b),
                                                 (queues(planned_state), rows(planned)), (queues(state), rows(t)))
     t = planned.replace(**kept)
@@ -140,12 +129,7 @@ def observe_round(setup: Setup, knobs: Knobs, state, t: StepTable, rewards, obse
                       jnp.sum(new, axis=1).astype(jnp.float32), mode="drop"))
     completed = fresh & pending(t) & (t.n >= setup.N)
     t = _complete(setup, knobs, t, completed)
-    if setup.ps.timing == "same_step":  # replay sources as they come in, for the next round
-        # A skewed group dropped for want of room (DS's surplus) is a source too: its replay can take
-        # a held slot that would otherwise cost another generation batch. Its key leaves the table's
-        # stream alone, so that the rounds' prompt choices are the same whatever the timing.
-        use = jax.random.fold_in(jax.random.fold_in(t.rng, 2), t.rounds)
-        state, t = push_sources(setup, knobs, state, t, source_rows(setup, t, completed, dropped=True), use)
+    state, t = setup.timing.observed(setup, knobs, state, t, completed)  # same step: sources as they come in
     state, t = setup.policy.decide(setup, knobs, state, t, fresh & ~completed, completed)
     return state, close_rows(t)
 
@@ -157,7 +141,7 @@ def _complete(setup: Setup, knobs: Knobs, t: StepTable, rows):
     s = successes(t)
     keep = rows & (((s > 0) & (s < t.n)) | knobs.train_saturated)
     counted = keep & toward_b(setup, t)
-    room = setup.B - t.replay_left if setup.ps.placement == "in_place" else setup.B
+    room = setup.B - setup.placement.held(t)
     train = keep & (~counted | (trained_toward_b(setup, t) + jnp.cumsum(counted) - 1 < room))
     rank = t.trained + jnp.cumsum(train) - 1
     status = jnp.where(train, TRAINED, jnp.where(rows, DROPPED, t.status))
@@ -190,12 +174,8 @@ def finish_step(setup: Setup, knobs: Knobs, state, t: StepTable):
     control = prefix_control_update(state.prefix_control, t.replay_successes, t.replay_rollouts, setup.ps,
                                     knobs.gains)
     control = jax.tree.map(lambda new, old: jnp.where(knobs.ps_on, new, old), control, state.prefix_control)
-    if setup.ps.timing == "same_step":  # a source is replayed in its own step or never
-        replay_queue = replay_queue.replace(valid=jnp.zeros_like(replay_queue.valid))
-    else:
-        state, t = push_sources(setup, knobs, state.replace(replay_queue=replay_queue), t,
-                                source_rows(setup, t, jnp.ones_like(t.bucket, bool)))
-        replay_queue = state.replay_queue
+    state, t = setup.timing.end(setup, knobs, state.replace(replay_queue=replay_queue), t)  # next step's sources
+    replay_queue = state.replay_queue
     state = state.replace(step=now + 1, next_group_key=t.key_base + t.opened, evicted=t.evicted,
                           selection=selection, pilot_buffer=buf, replay_queue=replay_queue, surplus=surplus,
                           prefix_control=control)

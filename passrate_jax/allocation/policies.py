@@ -20,10 +20,9 @@ from flax import struct
 from passrate_jax.allocation import pilot_commit as pc
 from passrate_jax.allocation.config import AllocationConfig, PrefixSamplingConfig
 from passrate_jax.allocation.group_queue import pilot_priority, queue_push
-from passrate_jax.allocation.prefix_control import ControllerGains, controller_gains, num_buckets
+from passrate_jax.allocation.prefix_control import ControllerGains, num_buckets
 from passrate_jax.allocation.sara import ABANDON, CONFIRM, sara_rule
-from passrate_jax.allocation.selection import METHODS
-from passrate_jax.allocation.table import (ABANDONED, ACTIVE, BUFFERED, CONFIRMED, DROPPED, TRAINED, StepTable,
+from passrate_jax.allocation.table import (ABANDONED, ACTIVE, BUFFERED, CONFIRMED, DROPPED, StepTable,
                                            afford, pending, successes, take_rows)
 
 UNBOUNDED = 1 << 30  # a rollout budget no step reaches (int32-safe)
@@ -55,32 +54,20 @@ class Knobs:
     train_saturated: jax.Array
 
 
-def knobs_from_config(cfg: AllocationConfig, ps: PrefixSamplingConfig) -> Knobs:
-    """The knobs the configs set."""
-    policy = POLICIES[cfg.method]
-    budget = cfg.budget if cfg.budget is not None else policy.default_budget(cfg)
-    # Re-rollout groups placed on top of B are paid on top of the method's budget; replays in the
-    # same step need one round after the last fresh groups complete.
-    budget += ps.extra_groups(cfg.num_prompts) * cfg.group_size
-    rounds = policy.max_rounds(cfg) + int(ps.enabled and ps.timing == "same_step")
-    return Knobs(tau_confirm=jnp.float32(cfg.sara.tau_confirm), tau_abandon=jnp.float32(cfg.sara.tau_abandon),
-                 schedule=jnp.asarray(cfg.sara.round_schedule, jnp.int32), gains=controller_gains(ps),
-                 selection=jnp.int32(METHODS.index(cfg.selection.method)), ps_on=jnp.asarray(ps.enabled),
-                 budget=jnp.int32(min(budget, UNBOUNDED)), keep_surplus=jnp.asarray(cfg.ds.keep_surplus),
-                 policy=jnp.int32(list(POLICIES).index(cfg.method)), max_rounds=jnp.int32(rounds),
-                 train_saturated=jnp.asarray(policy.trains_saturated))
-
-
 @dataclasses.dataclass(frozen=True)
 class Setup:
-    """Static description of a family of compositions: the method's policy, its configs with the
-    fields that :class:`Knobs` carry normalised away (selection method, PS on/off, SARA mode, ideal DS,
-    budget: never read them here), the dataset size, and the largest budget a member may have."""
+    """Static description of a family of compositions: the method's policy, Prefix Sampling's timing and
+    placement (objects from :mod:`.replay` whose methods are the machine's hooks: a round reads the two
+    switches through them, never as the strings of ``ps``), the configs with the fields that :class:`Knobs`
+    carry normalised away (selection method, PS on/off, SARA mode, ideal DS, budget: never read them here),
+    the dataset size, and the largest budget a member may have. Built by :func:`~.allocator.make_setup`."""
     cfg: AllocationConfig
     ps: PrefixSamplingConfig
     num_prompts: int
     policy: Policy
     max_budget: int
+    timing: Timing
+    placement: Placement
 
     @property
     def B(self) -> int:  # noqa: N802
@@ -140,6 +127,29 @@ class Policy(Protocol):
     def decide(self, setup: Setup, knobs: Knobs, state, t: StepTable, fresh, completed) -> tuple: ...
 
 
+class Timing(Protocol):
+    """When Prefix Sampling's re-rollout groups are queued and issued (:class:`~.replay.NextStep`,
+    :class:`~.replay.SameStep`): hooks of ``begin_step``, ``plan_round``, ``observe_round`` and
+    ``finish_step``. ``extra_rounds``: rounds a step needs beyond the policy's; ``in_step``: replays are
+    opened and requested among the step's own rounds."""
+    extra_rounds: int
+    in_step: bool
+
+    def begin(self, setup: Setup, knobs: Knobs, state, t: StepTable) -> tuple: ...
+    def open_round(self, setup: Setup, knobs: Knobs, state, t: StepTable, go) -> tuple: ...
+    def observed(self, setup: Setup, knobs: Knobs, state, t: StepTable, completed) -> tuple: ...
+    def end(self, setup: Setup, knobs: Knobs, state, t: StepTable) -> tuple: ...
+
+
+class Placement(Protocol):
+    """How re-rollout groups are placed against the step's B (:class:`~.replay.InPlace`,
+    :class:`~.replay.OnTop`)."""
+
+    def toward_b(self, t: StepTable): ...
+    def trained_toward_b(self, t: StepTable): ...
+    def held(self, t: StepTable): ...
+
+
 def budget_left(knobs: Knobs, t: StepTable):
     """Rollouts still free this step after what is already spent and requested, and after the N of
     each same-step re-rollout group the step may still open (``t.replay_left``, else 0)."""
@@ -148,22 +158,19 @@ def budget_left(knobs: Knobs, t: StepTable):
 
 def toward_b(setup: Setup, t: StepTable):
     """Rows whose groups count toward the step's B, bool [G]: all but re-rollout groups placed on top."""
-    return (t.bucket < 0) | (setup.ps.placement == "in_place")
+    return setup.placement.toward_b(t)
 
 
 def trained_toward_b(setup: Setup, t: StepTable):
     """Trained groups that count toward B (int32): ``t.trained`` less re-rollout groups placed on top."""
-    if setup.ps.placement == "in_place":
-        return t.trained
-    return jnp.sum((t.status == TRAINED) & toward_b(setup, t)).astype(jnp.int32)
+    return setup.placement.trained_toward_b(t)
 
 
 def slots(setup: Setup, t: StepTable):
     """Groups the step still lacks: B minus those trained and in progress (counting toward B), and,
     in place, minus the slots held for same-step re-rollout groups not yet opened."""
-    held = t.replay_left if setup.ps.placement == "in_place" else 0
     busy = jnp.sum(pending(t) & toward_b(setup, t)).astype(jnp.int32)
-    return setup.B - held - trained_toward_b(setup, t) - busy
+    return setup.B - setup.placement.held(t) - trained_toward_b(setup, t) - busy
 
 
 def _no_decision(setup, knobs, state, t, fresh, completed):
@@ -221,7 +228,7 @@ class DynamicSampling:
         # round mode none is in flight when a round is planned).
         in_flight = jnp.sum(pending(t) & (t.bucket < 0)).astype(jnp.int32)
         k = jnp.where(trained_toward_b(setup, t) + in_flight >= setup.B, 0, k)
-        if setup.ps.timing == "same_step":
+        if setup.timing.in_step:  # no batch while the missing groups are all replays in progress
             k = jnp.where(slots(setup, t) > 0, k, 0)
         return state, t, Opening.of(k, CONFIRMED, setup.N)
 
@@ -369,18 +376,3 @@ class Family:
     def decide(self, setup, knobs, state, t, fresh, completed):
         branches = [functools.partial(m.decide, setup, knobs) for m in self.members]
         return jax.lax.switch(knobs.policy, branches, state, t, fresh, completed)
-
-
-def make_setup(cfg: AllocationConfig, ps: PrefixSamplingConfig, num_prompts: int, family: bool = False) -> Setup:
-    """The static setup of a composition; the method's policy is chosen here, once. Compositions that
-    differ only in what :class:`Knobs` carry get equal setups (so jit compiles them once). ``family``:
-    a setup that runs every method (:class:`Family`), the method then being the knob ``policy``."""
-    policy = Family() if family else POLICIES[cfg.method]
-    widest = dataclasses.replace(cfg, sara=dataclasses.replace(cfg.sara, mode="fill"))
-    max_budget = cfg.budget if cfg.budget is not None else policy.default_budget(widest)
-    static = dataclasses.replace(cfg, budget=None, selection=dataclasses.replace(cfg.selection, method="none"),
-                                 sara=dataclasses.replace(cfg.sara, mode="fill"),
-                                 ds=dataclasses.replace(cfg.ds, keep_surplus=False),
-                                 method="uniform" if family else cfg.method)
-    return Setup(cfg=static, ps=dataclasses.replace(ps, enabled=False), num_prompts=num_prompts, policy=policy,
-                 max_budget=min(max_budget, UNBOUNDED))

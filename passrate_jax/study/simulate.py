@@ -33,10 +33,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from passrate_jax.allocation.allocator import Allocator
+from passrate_jax.allocation.allocator import Allocator, make_setup
 from passrate_jax.allocation.config import AllocationConfig, PrefixSamplingConfig
 from passrate_jax.allocation.machine import run_step
-from passrate_jax.allocation.policies import Knobs, make_setup
+from passrate_jax.allocation.policies import Knobs
 from passrate_jax.allocation.prefix_control import bucket_successes
 from passrate_jax.allocation.table import ABANDONED, successes
 from passrate_jax.configlib import ConfigError, apply_overrides, build, option, read_preset, section
