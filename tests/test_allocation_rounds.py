@@ -178,13 +178,17 @@ def test_random_permutation_is_a_uniform_permutation():
     assert ((counts - 1000) ** 2 / 1000).sum() < 18.47
 
 
-def test_per_prompt_fields_are_the_table_fields_of_size_p():
-    """plan_round leaves PER_PROMPT_FIELDS unselected when a round does not go; a new per-prompt field
-    missing from the list would be selected (safe), a row field wrongly in it would not."""
-    import dataclasses as dc
-
-    from passrate_jax.allocation.table import PER_PROMPT_FIELDS, table_init
-    t = table_init(7, N, 4, 0, jnp.zeros(50, bool), jax.random.PRNGKey(0))
-    sized_p = {f.name for f in dc.fields(t) if jnp.shape(getattr(t, f.name))[:1] == (50,)}
-    assert sized_p == set(PER_PROMPT_FIELDS) - {"cursor", "num_available"}
-    assert all(jnp.ndim(getattr(t, name)) == 0 for name in ("cursor", "num_available"))
+def test_table_parts_hold_the_fields_of_their_shape():
+    """plan_round leaves the table's per-prompt part unselected when a round does not go, and _pack
+    maps over the row part: a per-prompt field in another part would be selected (safe), a row field in
+    another part would not be packed (rows would keep a closed group's values)."""
+    from passrate_jax.allocation.table import table_init
+    g, p = 7, 50
+    t = table_init(g, N, 4, 0, jnp.zeros(p, bool), jax.random.PRNGKey(0))
+    assert all(jnp.shape(x)[:1] == (g,) for x in jax.tree.leaves(t.rows))
+    assert all(jnp.shape(x)[:1] in ((p,), ()) for x in jax.tree.leaves(t.prompts))
+    assert all(jnp.shape(x)[:1] != (p,) and jnp.shape(x)[:1] != (g,) for x in jax.tree.leaves((t.counters, t.rng)))
+    # Fields read and replace by name through their parts.
+    t2 = t.replace(status=t.status + 1, trained=jnp.int32(3), used=~t.used)
+    assert (t2.rows.status == 1).all() and int(t2.counters.trained) == 3 and bool(t2.prompts.used.all())
+    assert t2.rows.key is t.rows.key and t2.rng is t.rng  # what was not replaced is kept

@@ -24,8 +24,6 @@ controllers. The method's own choices are its policy's (:mod:`.policies`).
 
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 
@@ -33,7 +31,7 @@ from passrate_jax.allocation.group_queue import queue_expire
 from passrate_jax.allocation.policies import Knobs, Setup, toward_b, trained_toward_b
 from passrate_jax.allocation.prefix_control import prefix_control_update
 from passrate_jax.allocation.selection import selection_update
-from passrate_jax.allocation.table import (CONFIRMED, DROPPED, PER_PROMPT_FIELDS, REJECTED, TRAINED, StepTable,
+from passrate_jax.allocation.table import (CONFIRMED, DROPPED, REJECTED, TRAINED, StepTable,
                                            close_rows, draw_thompson, observed, open_fresh, pending, shuffle_available,
                                            successes, table_init, take_rows)
 
@@ -67,13 +65,13 @@ def plan_round(setup: Setup, knobs: Knobs, state, t: StepTable):
     # Within a step a policy changes only the queues and the table; selecting just those keeps the
     # (large, per-prompt) selection models out of every round's copies. Without ``go`` the step ends
     # here, so the table's per-prompt fields (which nothing after the last round reads as planned) are
-    # not selected either: only the rows and scalars. Same-step replays may go on without ``go``: then
-    # every field is (``timing.in_step``).
+    # not selected either: only the rows, counters and key. Same-step replays may go on without ``go``:
+    # then every part is (``timing.in_step``).
     queues = lambda st: (st.pilot_buffer, st.replay_queue, st.surplus)  # noqa: E731
-    rows = lambda tb: {f.name: getattr(tb, f.name) for f in dataclasses.fields(tb)  # noqa: E731
-                       if setup.timing.in_step or f.name not in PER_PROMPT_FIELDS}
+    parts = lambda tb: {"rows": tb.rows, "counters": tb.counters, "rng": tb.rng,  # noqa: E731
+                        **({"prompts": tb.prompts} if setup.timing.in_step else {})}
     (buf, replay, surplus), kept = jax.tree.map(lambda a, b: jnp.where(go, a, b),
-                                                (queues(planned_state), rows(planned)), (queues(state), rows(t)))
+                                                (queues(planned_state), parts(planned)), (queues(state), parts(t)))
     t = planned.replace(**kept)
     state = state.replace(pilot_buffer=buf, replay_queue=replay, surplus=surplus)
     chunk = jnp.where((go | replays) & pending(t), t.chunk, 0)
