@@ -74,7 +74,7 @@ def test_pilot_commit_selection_update_sees_the_full_group_once():
     for p in committed:
         assert total[p] == 2 + N  # pilot (n_p) + commit (n_c) as one observation of N
     piloted = {r.prompt_id for r in seen if r.first_index == 0}
-    kept = set(np.asarray(new.pilot_buffer.prompt_id)[np.asarray(new.pilot_buffer.valid)].tolist())
+    kept = set(np.asarray(new.policy.buffer.prompt_id)[np.asarray(new.policy.buffer.valid)].tolist())
     for p in piloted - committed - kept:
         assert total[p] == 2 + 2  # skipped or evicted pilot: its n_p = 2 outcomes, now
     for p in kept:
@@ -90,9 +90,10 @@ def test_pilot_is_committable_for_exactly_buffer_max_age_steps():
 
     def with_pilot(step_now, stamp):
         state = allocator.init(jax.random.PRNGKey(0))
-        buf = queue_push(state.pilot_buffer, jnp.array([7]), jnp.array([1000]), jnp.array([2]), jnp.array([1]),
+        buf = queue_push(state.policy.buffer, jnp.array([7]), jnp.array([1000]), jnp.array([2]), jnp.array([1]),
                          rewards, jnp.zeros(1, jnp.int32), jnp.zeros(1, jnp.int32), stamp, jnp.array([True]))
-        return state.replace(step=jnp.int32(step_now), pilot_buffer=buf, next_group_key=jnp.int32(2000))
+        return state.replace(step=jnp.int32(step_now), policy=state.policy.replace(buffer=buf),
+                             next_group_key=jnp.int32(2000))
 
     rates = np.zeros(48)  # fresh pilots all fail: only the buffered pilot can be committed
     for age, committable in ((max_age, True), (max_age + 1, False)):

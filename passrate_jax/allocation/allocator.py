@@ -24,7 +24,8 @@ import jax.numpy as jnp
 
 from passrate_jax.allocation.config import AllocationConfig, PrefixSamplingConfig, check_prefix_sampling
 from passrate_jax.allocation.group_queue import queue_init
-from passrate_jax.allocation.policies import POLICIES, UNBOUNDED, Family, Knobs, Setup
+from passrate_jax.allocation.family import POLICIES, Family
+from passrate_jax.allocation.policies import UNBOUNDED, Knobs, Setup
 from passrate_jax.allocation.prefix_control import controller_gains, prefix_control_init
 from passrate_jax.allocation.protocol import (AllocatorState, Prefix, Request, Result, StepResult, TrainGroup,
                                               state_from_dict, state_to_dict)
@@ -33,7 +34,7 @@ from passrate_jax.allocation.selection import METHODS, selection_init
 from passrate_jax.allocation.step import StepRun
 
 __all__ = ["Allocator", "AllocatorState", "Prefix", "Request", "Result", "StepResult", "TrainGroup",
-           "state_from_dict", "state_to_dict", "knobs_from_config", "make_setup"]
+           "state_from_dict", "state_to_dict", "init_state", "knobs_from_config", "make_setup"]
 
 
 def knobs_from_config(cfg: AllocationConfig, ps: PrefixSamplingConfig) -> Knobs:
@@ -68,6 +69,16 @@ def make_setup(cfg: AllocationConfig, ps: PrefixSamplingConfig, num_prompts: int
                  max_budget=min(max_budget, UNBOUNDED), timing=TIMINGS[ps.timing], placement=PLACEMENTS[ps.placement])
 
 
+def init_state(setup: Setup, key) -> AllocatorState:
+    """A fresh state for ``setup`` (of one method, or a :class:`~.family.Family`): uninformed selection
+    models, the policy's own state (empty queues), an empty replay queue, controllers at ratio_init."""
+    return AllocatorState(step=jnp.zeros((), jnp.int32), key=jnp.asarray(key, jnp.uint32),
+                          next_group_key=jnp.zeros((), jnp.int32), evicted=jnp.zeros((setup.num_prompts,), bool),
+                          selection=selection_init(setup.num_prompts, setup.cfg.selection),
+                          policy=setup.policy.init(setup), replay_queue=queue_init(setup.B, setup.N),
+                          prefix_control=prefix_control_init(setup.N, setup.ps))
+
+
 class Allocator:
     """Static description of one composition; makes states and step runs. Holds no arrays."""
 
@@ -98,16 +109,7 @@ class Allocator:
 
     def init(self, key) -> AllocatorState:
         """Fresh state: uninformed selection models, empty queues, controllers at ratio_init."""
-        cfg, b, n = self.cfg, self.cfg.num_prompts, self.cfg.group_size
-        return AllocatorState(
-            step=jnp.zeros((), jnp.int32), key=jnp.asarray(key, jnp.uint32),
-            next_group_key=jnp.zeros((), jnp.int32),
-            evicted=jnp.zeros((self.num_prompts,), bool),
-            selection=selection_init(self.num_prompts, cfg.selection),
-            pilot_buffer=queue_init(2 * cfg.pilot_commit.pilot_pool_ratio * b, n),
-            replay_queue=queue_init(b, n),
-            surplus=queue_init(b, n),
-            prefix_control=prefix_control_init(n, self.ps))
+        return init_state(self.setup, key)
 
     def start_step(self, state: AllocatorState) -> StepRun:
         """Begin a step; returns its :class:`StepRun` (requests / observe / finish)."""

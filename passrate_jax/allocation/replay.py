@@ -19,6 +19,7 @@ stateless and hashable (static parts of the :class:`~.policies.Setup`).
 from __future__ import annotations
 
 import dataclasses
+from typing import Protocol
 
 import jax
 import jax.numpy as jnp
@@ -81,6 +82,30 @@ def open_same_step(setup: Setup, knobs: Knobs, state, t: StepTable, go):
     t = t.replace(replay_left=t.replay_left - opened)
     idle = (slots(setup, t) <= 0) & ~jnp.any(pending(t) & (t.bucket < 0)) & ~jnp.any(state.replay_queue.valid)
     return state, t.replace(replay_left=jnp.where(go & idle, 0, t.replay_left))
+
+
+class Timing(Protocol):
+    """When Prefix Sampling's re-rollout groups are queued and issued (:class:`~.replay.NextStep`,
+    :class:`~.replay.SameStep`): hooks of ``begin_step``, ``plan_round``, ``observe_round`` and
+    ``finish_step``. ``extra_rounds``: rounds a step needs beyond the policy's; ``in_step``: replays are
+    opened and requested among the step's own rounds."""
+    extra_rounds: int
+    in_step: bool
+
+    def begin(self, setup: Setup, knobs: Knobs, state, t: StepTable) -> tuple: ...
+    def open_round(self, setup: Setup, knobs: Knobs, state, t: StepTable, go) -> tuple: ...
+    def observed(self, setup: Setup, knobs: Knobs, state, t: StepTable, completed) -> tuple: ...
+    def end(self, setup: Setup, knobs: Knobs, state, t: StepTable) -> tuple: ...
+
+
+class Placement(Protocol):
+    """How re-rollout groups are placed against the step's B (:class:`~.replay.InPlace`,
+    :class:`~.replay.OnTop`)."""
+
+    def toward_b(self, t: StepTable): ...
+    def trained_toward_b(self, t: StepTable): ...
+    def held(self, t: StepTable): ...
+
 
 
 @dataclasses.dataclass(frozen=True)

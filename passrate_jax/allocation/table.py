@@ -189,12 +189,13 @@ def draw_thompson(t: StepTable, selection: SelectionState, method) -> StepTable:
     return t.replace(thompson=thompson_draws(selection, use, method))
 
 
-def shuffle_available(t: StepTable, pilot_buffer: GroupQueue) -> StepTable:
+def shuffle_available(t: StepTable, held) -> StepTable:
     """The prompts available to :func:`open_fresh` in a random order, drawn once a step (call it after
     the step's carried and replayed groups are opened). Within the step a prompt stops being available
     only when a round opens it, so selection method none takes the next ones in this order: sampling
-    without replacement, as a fresh draw every round would be, without a pass over the dataset."""
-    avail = _available(t, pilot_buffer)
+    without replacement, as a fresh draw every round would be, without a pass over the dataset. ``held``:
+    bool [P], prompts the policy's queues hold (``Policy.held_prompts``)."""
+    avail = _available(t, held)
     num = avail.shape[0]
     candidate = random_permutation(jax.random.fold_in(t.rng, 1), num)
     ok = (candidate < num) & avail[jnp.minimum(candidate, num - 1)]
@@ -307,11 +308,11 @@ def _pack(t: StepTable, keep) -> StepTable:
     return t.replace(rows=rows, count=jnp.sum(keep).astype(jnp.int32))
 
 
-def open_fresh(t: StepTable, selection: SelectionState, pilot_buffer: GroupQueue, cfg: AllocationConfig, method,
+def open_fresh(t: StepTable, selection: SelectionState, held, cfg: AllocationConfig, method,
                k, k_max: int, status, chunk, **fields) -> StepTable:
     """Open up to ``k`` (traced, <= static ``k_max``) groups on prompts the selection method ``method``
     (an index into ``selection.METHODS``, may be traced) chooses among those not used this step, not
-    evicted and not waiting in the pilot buffer: the next ones of the step's random order
+    evicted and not ``held`` (bool [P]: waiting in the policy's queues, e.g. the pilot buffer): the next ones of the step's random order
     (:func:`shuffle_available`) under method none, else by :func:`~.selection.select_by_id`."""
     def in_order():
         at = t.cursor + jnp.arange(k_max)
@@ -319,7 +320,7 @@ def open_fresh(t: StepTable, selection: SelectionState, pilot_buffer: GroupQueue
 
     def by_score():
         rng, use = jax.random.split(t.rng)
-        ids, ok = select_by_id(selection, use, _available(t, pilot_buffer), k, k_max, cfg.selection, method, t.thompson)
+        ids, ok = select_by_id(selection, use, _available(t, held), k, k_max, cfg.selection, method, t.thompson)
         return ids, ok, rng
     if isinstance(method, int):
         ids, ok, rng = in_order() if method == 0 else by_score()
@@ -330,10 +331,9 @@ def open_fresh(t: StepTable, selection: SelectionState, pilot_buffer: GroupQueue
     return open_rows(t, ok, ids, status, chunk, prior_a=pa, prior_b=pb, **fields)
 
 
-def _available(t: StepTable, pilot_buffer: GroupQueue):
-    """Prompts not used this step, not evicted, not waiting in the pilot buffer: bool [P]."""
-    avail = ~t.evicted & ~t.used
-    return avail.at[jnp.where(pilot_buffer.valid, pilot_buffer.prompt_id, avail.shape[0])].set(False, mode="drop")
+def _available(t: StepTable, held):
+    """Prompts not used this step, not evicted, not ``held`` in a policy's queue: bool [P]."""
+    return ~t.evicted & ~t.used & ~held
 
 
 def take_rows(t: StepTable, q: GroupQueue, k, priority, status, chunk_of, **fields):
