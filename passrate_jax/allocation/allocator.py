@@ -12,8 +12,9 @@ Every composition {uniform, ds, sara, pilot_commit} x {none, mopps, dps} x {PS o
 object: the base method's policy (:mod:`.policies`) decides which groups are opened, probed, completed
 and kept; the selection method decides which prompts are opened; Prefix Sampling adds re-rollout
 groups, when and where its timing and placement objects (:mod:`.replay`) say; the round machine
-(:mod:`.machine`) runs them. :func:`make_setup` chooses the policy and those objects once, from the configs. The persistent state is the
-:class:`AllocatorState` pytree (round-trips through :func:`state_to_dict`).
+(:mod:`.machine`) runs them. :func:`make_setup` chooses the policy and those objects once, from the
+configs. The persistent state is the :class:`AllocatorState` pytree (:func:`init_state`; round-trips
+through :func:`state_to_dict`).
 """
 
 from __future__ import annotations

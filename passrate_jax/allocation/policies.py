@@ -4,7 +4,8 @@ A policy says how a round is planned (which groups are opened or continued, how 
 requests) and what is decided about the groups whose outcomes just came in. Everything else (Prefix
 Sampling replays, recording outcomes, completing groups to N, the end-of-step updates) is shared and
 lives in :mod:`.machine`. Policies are stateless, hashable objects: the machine takes them as static
-arguments, so each method compiles once and never tests a method name inside a round.
+arguments, so each method compiles once and never tests a method name inside a round. What a method
+keeps across steps (its queues) is its own pytree, ``state.policy``, which only its hooks touch.
 """
 
 from __future__ import annotations
@@ -39,9 +40,9 @@ class Knobs:
     The composition's switches are knobs too, so compositions that share a setup share one compile:
     selection: int32, index into ``selection.METHODS``; ps_on: bool, Prefix Sampling on; budget: int32,
     rollouts a step may request (SARA's fill and fixed-budget modes differ only here); keep_surplus:
-    bool, ideal DS; policy: int32, index into :data:`~.family.POLICIES` (read only by a :class:`~.family.Family` setup,
-    which runs every method in one compile); max_rounds: int32, rounds per step; train_saturated:
-    bool, saturated complete groups are trained (GRPO) rather than dropped.
+    bool, ideal DS; policy: int32, index into :data:`~.family.POLICIES` (read only by a
+    :class:`~.family.Family` setup, which runs every method in one compile); max_rounds: int32, rounds
+    per step; train_saturated: bool, saturated complete groups are trained (GRPO) rather than dropped.
     """
     tau_confirm: jax.Array
     tau_abandon: jax.Array

@@ -312,8 +312,9 @@ def open_fresh(t: StepTable, selection: SelectionState, held, cfg: AllocationCon
                k, k_max: int, status, chunk, **fields) -> StepTable:
     """Open up to ``k`` (traced, <= static ``k_max``) groups on prompts the selection method ``method``
     (an index into ``selection.METHODS``, may be traced) chooses among those not used this step, not
-    evicted and not ``held`` (bool [P]: waiting in the policy's queues, e.g. the pilot buffer): the next ones of the step's random order
-    (:func:`shuffle_available`) under method none, else by :func:`~.selection.select_by_id`."""
+    evicted and not ``held`` (bool [P]: waiting in the policy's queues, e.g. the pilot buffer): the next
+    ones of the step's random order (:func:`shuffle_available`) under method none, else by
+    :func:`~.selection.select_by_id`."""
     def in_order():
         at = t.cursor + jnp.arange(k_max)
         return t.order[jnp.minimum(at, t.order.shape[0] - 1)], (jnp.arange(k_max) < k) & (at < t.num_available), t.rng
