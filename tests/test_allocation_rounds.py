@@ -110,6 +110,41 @@ def test_pilot_is_committable_for_exactly_buffer_max_age_steps():
             assert (commits[0].first_index, commits[0].num_rollouts) == (2, N - 2)
 
 
+def test_an_uncommitted_pilot_is_observed_once_when_it_expires():
+    """Pilot-Commit's end hook hands a pilot leaving its buffer uncommitted to the selection models: its
+    n_p = 2 outcomes (one success), at the step it expires and not before."""
+    max_age = AllocationConfig().pilot_commit.buffer_max_age
+    tight = make("pilot_commit", 48, selection="mopps", budget=1)  # budget 1 < n_p: nothing is ever requested
+    rewards = np.zeros((1, N), np.int8)
+    rewards[0, :2] = (1, 0)
+    state = tight.init(jax.random.PRNGKey(0))
+    buf = queue_push(state.policy.buffer, jnp.array([7]), jnp.array([1000]), jnp.array([2]), jnp.array([1]), rewards,
+                     jnp.zeros(1, jnp.int32), jnp.zeros(1, jnp.int32), 10, jnp.array([True]))
+    state = state.replace(step=jnp.int32(10 + max_age - 1), policy=state.policy.replace(buffer=buf))
+    totals = []
+    for _ in range(2):  # the pilot of step 10 is still committable at step 10 + max_age, and expires after it
+        _, state, seen = step(tight, state, np.zeros(48), np.random.default_rng(0))
+        assert seen == []
+        totals.append(float(state.selection.alpha[7] + state.selection.beta[7]))
+    # MoPPS from Beta(1, 1) with lambda 0.5: alpha <- 1 + 1 success, beta <- 1 + 1 failure.
+    assert totals == [2.0, 4.0] and not bool(state.policy.buffer.valid.any())
+
+
+def test_a_prompt_waiting_in_the_pilot_buffer_is_not_piloted_again():
+    """Pilot-Commit's held_prompts hook: with every other prompt piloted in the first round (8 prompts, 3 pilots
+    per missing slot), the buffered prompt is committed, never opened as a fresh pilot."""
+    allocator = make("pilot_commit", 8)
+    rewards = np.zeros((1, N), np.int8)
+    rewards[0, :2] = (1, 0)
+    state = allocator.init(jax.random.PRNGKey(0))
+    buf = queue_push(state.policy.buffer, jnp.array([7]), jnp.array([1000]), jnp.array([2]), jnp.array([1]), rewards,
+                     jnp.zeros(1, jnp.int32), jnp.zeros(1, jnp.int32), 0, jnp.array([True]))
+    state = state.replace(policy=state.policy.replace(buffer=buf), next_group_key=jnp.int32(2000))
+    _, _, seen = step(allocator, state, np.zeros(8), np.random.default_rng(0))
+    piloted = {r.prompt_id for r in seen if r.first_index == 0}
+    assert piloted == set(range(7)) and [(r.group_key, r.first_index) for r in seen if r.prompt_id == 7] == [(1000, 2)]
+
+
 def test_dps_decays_and_propagates_unobserved_prompts():
     cfg = SelectionConfig(method="dps", dps_lambda=0.7, dps_alpha0=1.0)
     state = selection_init(2, cfg)
