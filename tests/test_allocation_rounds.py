@@ -74,7 +74,7 @@ def test_pilot_commit_selection_update_sees_the_full_group_once():
     for p in committed:
         assert total[p] == 2 + N  # pilot (n_p) + commit (n_c) as one observation of N
     piloted = {r.prompt_id for r in seen if r.first_index == 0}
-    kept = set(np.asarray(new.pilot_buffer.prompt_id)[np.asarray(new.pilot_buffer.valid)].tolist())
+    kept = set(np.asarray(new.policy.buffer.prompt_id)[np.asarray(new.policy.buffer.valid)].tolist())
     for p in piloted - committed - kept:
         assert total[p] == 2 + 2  # skipped or evicted pilot: its n_p = 2 outcomes, now
     for p in kept:
@@ -90,9 +90,10 @@ def test_pilot_is_committable_for_exactly_buffer_max_age_steps():
 
     def with_pilot(step_now, stamp):
         state = allocator.init(jax.random.PRNGKey(0))
-        buf = queue_push(state.pilot_buffer, jnp.array([7]), jnp.array([1000]), jnp.array([2]), jnp.array([1]),
+        buf = queue_push(state.policy.buffer, jnp.array([7]), jnp.array([1000]), jnp.array([2]), jnp.array([1]),
                          rewards, jnp.zeros(1, jnp.int32), jnp.zeros(1, jnp.int32), stamp, jnp.array([True]))
-        return state.replace(step=jnp.int32(step_now), pilot_buffer=buf, next_group_key=jnp.int32(2000))
+        return state.replace(step=jnp.int32(step_now), policy=state.policy.replace(buffer=buf),
+                             next_group_key=jnp.int32(2000))
 
     rates = np.zeros(48)  # fresh pilots all fail: only the buffered pilot can be committed
     for age, committable in ((max_age, True), (max_age + 1, False)):
@@ -107,6 +108,41 @@ def test_pilot_is_committable_for_exactly_buffer_max_age_steps():
         assert bool(commits) == committable
         if committable:
             assert (commits[0].first_index, commits[0].num_rollouts) == (2, N - 2)
+
+
+def test_an_uncommitted_pilot_is_observed_once_when_it_expires():
+    """Pilot-Commit's end hook hands a pilot leaving its buffer uncommitted to the selection models: its
+    n_p = 2 outcomes (one success), at the step it expires and not before."""
+    max_age = AllocationConfig().pilot_commit.buffer_max_age
+    tight = make("pilot_commit", 48, selection="mopps", budget=1)  # budget 1 < n_p: nothing is ever requested
+    rewards = np.zeros((1, N), np.int8)
+    rewards[0, :2] = (1, 0)
+    state = tight.init(jax.random.PRNGKey(0))
+    buf = queue_push(state.policy.buffer, jnp.array([7]), jnp.array([1000]), jnp.array([2]), jnp.array([1]), rewards,
+                     jnp.zeros(1, jnp.int32), jnp.zeros(1, jnp.int32), 10, jnp.array([True]))
+    state = state.replace(step=jnp.int32(10 + max_age - 1), policy=state.policy.replace(buffer=buf))
+    totals = []
+    for _ in range(2):  # the pilot of step 10 is still committable at step 10 + max_age, and expires after it
+        _, state, seen = step(tight, state, np.zeros(48), np.random.default_rng(0))
+        assert seen == []
+        totals.append(float(state.selection.alpha[7] + state.selection.beta[7]))
+    # MoPPS from Beta(1, 1) with lambda 0.5: alpha <- 1 + 1 success, beta <- 1 + 1 failure.
+    assert totals == [2.0, 4.0] and not bool(state.policy.buffer.valid.any())
+
+
+def test_a_prompt_waiting_in_the_pilot_buffer_is_not_piloted_again():
+    """Pilot-Commit's held_prompts hook: with every other prompt piloted in the first round (8 prompts, 3 pilots
+    per missing slot), the buffered prompt is committed, never opened as a fresh pilot."""
+    allocator = make("pilot_commit", 8)
+    rewards = np.zeros((1, N), np.int8)
+    rewards[0, :2] = (1, 0)
+    state = allocator.init(jax.random.PRNGKey(0))
+    buf = queue_push(state.policy.buffer, jnp.array([7]), jnp.array([1000]), jnp.array([2]), jnp.array([1]), rewards,
+                     jnp.zeros(1, jnp.int32), jnp.zeros(1, jnp.int32), 0, jnp.array([True]))
+    state = state.replace(policy=state.policy.replace(buffer=buf), next_group_key=jnp.int32(2000))
+    _, _, seen = step(allocator, state, np.zeros(8), np.random.default_rng(0))
+    piloted = {r.prompt_id for r in seen if r.first_index == 0}
+    assert piloted == set(range(7)) and [(r.group_key, r.first_index) for r in seen if r.prompt_id == 7] == [(1000, 2)]
 
 
 def test_dps_decays_and_propagates_unobserved_prompts():
@@ -178,13 +214,17 @@ def test_random_permutation_is_a_uniform_permutation():
     assert ((counts - 1000) ** 2 / 1000).sum() < 18.47
 
 
-def test_per_prompt_fields_are_the_table_fields_of_size_p():
-    """plan_round leaves PER_PROMPT_FIELDS unselected when a round does not go; a new per-prompt field
-    missing from the list would be selected (safe), a row field wrongly in it would not."""
-    import dataclasses as dc
-
-    from passrate_jax.allocation.table import PER_PROMPT_FIELDS, table_init
-    t = table_init(7, N, 4, 0, jnp.zeros(50, bool), jax.random.PRNGKey(0))
-    sized_p = {f.name for f in dc.fields(t) if jnp.shape(getattr(t, f.name))[:1] == (50,)}
-    assert sized_p == set(PER_PROMPT_FIELDS) - {"cursor", "num_available"}
-    assert all(jnp.ndim(getattr(t, name)) == 0 for name in ("cursor", "num_available"))
+def test_table_parts_hold_the_fields_of_their_shape():
+    """plan_round leaves the table's per-prompt part unselected when a round does not go, and _pack
+    maps over the row part: a per-prompt field in another part would be selected (safe), a row field in
+    another part would not be packed (rows would keep a closed group's values)."""
+    from passrate_jax.allocation.table import table_init
+    g, p = 7, 50
+    t = table_init(g, N, 4, 0, jnp.zeros(p, bool), jax.random.PRNGKey(0))
+    assert all(jnp.shape(x)[:1] == (g,) for x in jax.tree.leaves(t.rows))
+    assert all(jnp.shape(x)[:1] in ((p,), ()) for x in jax.tree.leaves(t.prompts))
+    assert all(jnp.shape(x)[:1] != (p,) and jnp.shape(x)[:1] != (g,) for x in jax.tree.leaves((t.counters, t.rng)))
+    # Fields read and replace by name through their parts.
+    t2 = t.replace(status=t.status + 1, trained=jnp.int32(3), used=~t.used)
+    assert (t2.rows.status == 1).all() and int(t2.counters.trained) == 3 and bool(t2.prompts.used.all())
+    assert t2.rows.key is t.rows.key and t2.rng is t.rng  # what was not replaced is kept

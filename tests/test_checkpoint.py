@@ -1,4 +1,5 @@
-"""Orbax run checkpoints: exact round trip of dtypes and values, keep-last-N, incomplete saves ignored."""
+"""Orbax run checkpoints: exact round trip of dtypes and values, keep-last-N, incomplete saves ignored, a
+checkpoint of another allocator layout refused in one line."""
 
 import os
 import shutil
@@ -8,7 +9,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from passrate_jax.allocation import Allocator, state_to_dict
+from passrate_jax.allocation.config import AllocationConfig, PrefixSamplingConfig
+from passrate_jax.configlib import ConfigError
 from passrate_jax.run.checkpoint import RunCheckpointer
+from passrate_jax.run.train import check_allocator_layout
 
 
 def _state(seed):
@@ -63,3 +68,21 @@ def test_restore_without_checkpoint_names_path(tmp_path):
     with pytest.raises(FileNotFoundError, match="no complete checkpoint"):
         ckpt.restore(None, _state(0))
     ckpt.close()
+
+
+def test_a_checkpoint_with_another_allocator_layout_is_refused_in_one_line(tmp_path):
+    """A checkpoint of a version that kept the queues as pilot_buffer/... and surplus/... (before each
+    policy owned its queue state) names the layout change; the current layout passes."""
+    allocator = Allocator(AllocationConfig(method="pilot_commit"), PrefixSamplingConfig(), num_prompts=16)
+    state = allocator.init(jax.random.PRNGKey(0))
+    current = state_to_dict(state)
+    old = {k.replace("policy/buffer/", "pilot_buffer/"): v for k, v in current.items()}
+    ckpt = RunCheckpointer(tmp_path, async_save=False)
+    ckpt.save(1, {"allocator": old}, {"step": 1})
+    ckpt.save(2, {"allocator": current}, {"step": 2})
+    check_allocator_layout(ckpt.saved_structure(2), state, "run")
+    with pytest.raises(ConfigError) as err:
+        check_allocator_layout(ckpt.saved_structure(1), state, "run")
+    ckpt.close()
+    message = str(err.value)
+    assert "\n" not in message and "another layout" in message and "pilot_buffer/" in message

@@ -11,25 +11,73 @@
 Every composition {uniform, ds, sara, pilot_commit} x {none, mopps, dps} x {PS off, on} is this one
 object: the base method's policy (:mod:`.policies`) decides which groups are opened, probed, completed
 and kept; the selection method decides which prompts are opened; Prefix Sampling adds re-rollout
-groups; the round machine (:mod:`.machine`) runs them. The persistent state is the
-:class:`AllocatorState` pytree (round-trips through :func:`state_to_dict`).
+groups, when and where its timing and placement objects (:mod:`.replay`) say; the round machine
+(:mod:`.machine`) runs them. :func:`make_setup` chooses the policy and those objects once, from the
+configs. The persistent state is the :class:`AllocatorState` pytree (:func:`init_state`; round-trips
+through :func:`state_to_dict`).
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import jax.numpy as jnp
 
 from passrate_jax.allocation.config import AllocationConfig, PrefixSamplingConfig, check_prefix_sampling
 from passrate_jax.allocation.group_queue import queue_init
-from passrate_jax.allocation.policies import UNBOUNDED, knobs_from_config, make_setup
-from passrate_jax.allocation.prefix_control import prefix_control_init
+from passrate_jax.allocation.family import POLICIES, Family
+from passrate_jax.allocation.policies import UNBOUNDED, Knobs, Setup
+from passrate_jax.allocation.prefix_control import controller_gains, prefix_control_init
 from passrate_jax.allocation.protocol import (AllocatorState, Prefix, Request, Result, StepResult, TrainGroup,
                                               state_from_dict, state_to_dict)
-from passrate_jax.allocation.selection import selection_init
+from passrate_jax.allocation.replay import PLACEMENTS, TIMINGS
+from passrate_jax.allocation.selection import METHODS, selection_init
 from passrate_jax.allocation.step import StepRun
 
 __all__ = ["Allocator", "AllocatorState", "Prefix", "Request", "Result", "StepResult", "TrainGroup",
-           "state_from_dict", "state_to_dict"]
+           "state_from_dict", "state_to_dict", "init_state", "knobs_from_config", "make_setup"]
+
+
+def knobs_from_config(cfg: AllocationConfig, ps: PrefixSamplingConfig) -> Knobs:
+    """The knobs the configs set."""
+    policy = POLICIES[cfg.method]
+    budget = cfg.budget if cfg.budget is not None else policy.default_budget(cfg)
+    # Re-rollout groups placed on top of B are paid on top of the method's budget; replays in the
+    # same step need one round after the last fresh groups complete.
+    budget += ps.extra_groups(cfg.num_prompts) * cfg.group_size
+    rounds = policy.max_rounds(cfg) + (TIMINGS[ps.timing].extra_rounds if ps.enabled else 0)
+    return Knobs(tau_confirm=jnp.float32(cfg.sara.tau_confirm), tau_abandon=jnp.float32(cfg.sara.tau_abandon),
+                 schedule=jnp.asarray(cfg.sara.round_schedule, jnp.int32), gains=controller_gains(ps),
+                 selection=jnp.int32(METHODS.index(cfg.selection.method)), ps_on=jnp.asarray(ps.enabled),
+                 budget=jnp.int32(min(budget, UNBOUNDED)), keep_surplus=jnp.asarray(cfg.ds.keep_surplus),
+                 policy=jnp.int32(list(POLICIES).index(cfg.method)), max_rounds=jnp.int32(rounds),
+                 train_saturated=jnp.asarray(policy.trains_saturated))
+
+
+def make_setup(cfg: AllocationConfig, ps: PrefixSamplingConfig, num_prompts: int, family: bool = False) -> Setup:
+    """The static setup of a composition; the method's policy and Prefix Sampling's timing and placement
+    are chosen here, once. Compositions that
+    differ only in what :class:`Knobs` carry get equal setups (so jit compiles them once). ``family``:
+    a setup that runs every method (:class:`Family`), the method then being the knob ``policy``."""
+    policy = Family() if family else POLICIES[cfg.method]
+    widest = dataclasses.replace(cfg, sara=dataclasses.replace(cfg.sara, mode="fill"))
+    max_budget = cfg.budget if cfg.budget is not None else policy.default_budget(widest)
+    static = dataclasses.replace(cfg, budget=None, selection=dataclasses.replace(cfg.selection, method="none"),
+                                 sara=dataclasses.replace(cfg.sara, mode="fill"),
+                                 ds=dataclasses.replace(cfg.ds, keep_surplus=False),
+                                 method="uniform" if family else cfg.method)
+    return Setup(cfg=static, ps=dataclasses.replace(ps, enabled=False), num_prompts=num_prompts, policy=policy,
+                 max_budget=min(max_budget, UNBOUNDED), timing=TIMINGS[ps.timing], placement=PLACEMENTS[ps.placement])
+
+
+def init_state(setup: Setup, key) -> AllocatorState:
+    """A fresh state for ``setup`` (of one method, or a :class:`~.family.Family`): uninformed selection
+    models, the policy's own state (empty queues), an empty replay queue, controllers at ratio_init."""
+    return AllocatorState(step=jnp.zeros((), jnp.int32), key=jnp.asarray(key, jnp.uint32),
+                          next_group_key=jnp.zeros((), jnp.int32), evicted=jnp.zeros((setup.num_prompts,), bool),
+                          selection=selection_init(setup.num_prompts, setup.cfg.selection),
+                          policy=setup.policy.init(setup), replay_queue=queue_init(setup.B, setup.N),
+                          prefix_control=prefix_control_init(setup.N, setup.ps))
 
 
 class Allocator:
@@ -62,16 +110,7 @@ class Allocator:
 
     def init(self, key) -> AllocatorState:
         """Fresh state: uninformed selection models, empty queues, controllers at ratio_init."""
-        cfg, b, n = self.cfg, self.cfg.num_prompts, self.cfg.group_size
-        return AllocatorState(
-            step=jnp.zeros((), jnp.int32), key=jnp.asarray(key, jnp.uint32),
-            next_group_key=jnp.zeros((), jnp.int32),
-            evicted=jnp.zeros((self.num_prompts,), bool),
-            selection=selection_init(self.num_prompts, cfg.selection),
-            pilot_buffer=queue_init(2 * cfg.pilot_commit.pilot_pool_ratio * b, n),
-            replay_queue=queue_init(b, n),
-            surplus=queue_init(b, n),
-            prefix_control=prefix_control_init(n, self.ps))
+        return init_state(self.setup, key)
 
     def start_step(self, state: AllocatorState) -> StepRun:
         """Begin a step; returns its :class:`StepRun` (requests / observe / finish)."""

@@ -18,13 +18,12 @@ observed in one event, event mode is round mode exactly.
 ``setup`` (static) names the composition and its policy; ``knobs`` (arrays) holds the thresholds and
 gains a sweep varies. The machine owns what every method shares: Prefix Sampling's re-rollout groups
 (:mod:`.replay`: round 0 of the next step, or later rounds of the same step), recording outcomes,
-completing groups to N, and the end-of-step updates of the selection models, queues and PS
-controllers. The method's own choices are its policy's (:mod:`.policies`).
+completing groups to N, and the end-of-step updates of the selection models, the replay queue and PS
+controllers. The method's own choices, and its own state across steps (ideal DS's surplus,
+Pilot-Commit's buffer: ``state.policy``), are its policy's (:mod:`.policies`).
 """
 
 from __future__ import annotations
-
-import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -32,11 +31,9 @@ import jax.numpy as jnp
 from passrate_jax.allocation.group_queue import queue_expire
 from passrate_jax.allocation.policies import Knobs, Setup, toward_b, trained_toward_b
 from passrate_jax.allocation.prefix_control import prefix_control_update
-from passrate_jax.allocation.replay import open_replays, open_same_step, push_sources, source_rows
 from passrate_jax.allocation.selection import selection_update
-from passrate_jax.allocation.table import (CONFIRMED, DROPPED, PER_PROMPT_FIELDS, REJECTED, TRAINED, StepTable,
-                                           close_rows, draw_thompson, observed, open_fresh, pending, shuffle_available,
-                                           split_rng, successes, table_init, take_rows)
+from passrate_jax.allocation.table import (DROPPED, REJECTED, TRAINED, StepTable, close_rows, draw_thompson, observed,
+                                           open_fresh, pending, shuffle_available, successes, table_init)
 
 
 def begin_step(setup: Setup, knobs: Knobs, state):
@@ -46,47 +43,36 @@ def begin_step(setup: Setup, knobs: Knobs, state):
     state = state.replace(key=rng)
     t = table_init(setup.capacity, setup.N, setup.num_buckets, state.next_group_key, state.evicted, step_rng)
     t = draw_thompson(t, state.selection, knobs.selection)
-    q = state.surplus  # empty unless the method is ideal DS
-    k = jnp.where(knobs.keep_surplus, setup.B, 0)
-    t, q, _, _ = take_rows(t, q, k, q.stamp.astype(jnp.float32), CONFIRMED, lambda n: 0 * n, carried=True)
+    state, t = setup.policy.begin(setup, knobs, state, t)  # ideal DS: last step's surplus, carried
     t = _complete(setup, knobs, t, pending(t) & t.carried)
-    state = state.replace(surplus=q)
-    if setup.ps.timing == "same_step":
-        t = t.replace(replay_left=jnp.where(knobs.ps_on, setup.replay_slots, 0).astype(jnp.int32))
-        t, _ = split_rng(t)  # as opening does: the step's prompt order is the same whatever the timing
-    else:
-        # Opened here, once a step, rather than tested for in every round.
-        k = jnp.where(knobs.ps_on & (trained_toward_b(setup, t) < setup.B), setup.replay_slots, 0)
-        state, t, _ = open_replays(setup, knobs, state, t, k)
-    return state, shuffle_available(close_rows(t), state.pilot_buffer)
+    state, t = setup.timing.begin(setup, knobs, state, t)
+    return state, shuffle_available(close_rows(t), setup.policy.held_prompts(state, setup.num_prompts))
 
 
 def plan_round(setup: Setup, knobs: Knobs, state, t: StepTable):
     """Plan the next round: the policy's requests (PS re-rollout groups, opened by
     :func:`begin_step`, go in the first; same-step ones are opened here). Sets ``done`` when there is
     nothing to request (B groups trained, round limit, budget, no prompts left)."""
-    same_step = setup.ps.timing == "same_step"
     go = ~t.done & (t.event_wave < knobs.max_rounds)
-    if same_step:
-        state, t = open_same_step(setup, knobs, state, t, go)
-    replays = go & (t.bucket >= 0) if same_step else False  # requested even when B groups count already
+    state, t, replays = setup.timing.open_round(setup, knobs, state, t, go)  # rows requested whatever ``go``
     go = go & (trained_toward_b(setup, t) < setup.B)
     planned_state, planned, op = setup.policy.plan(setup, knobs, state, t)
     # The prompts are chosen here, once for every policy (the selection is the costly part to compile).
-    planned = open_fresh(planned, state.selection, planned_state.pilot_buffer, setup.cfg, knobs.selection, op.k,
-                         setup.max_open, op.status, op.chunk, pilot=op.pilot)
-    # Within a step a policy changes only the queues and the table; selecting just those keeps the
+    held = setup.policy.held_prompts(planned_state, setup.num_prompts)
+    planned = open_fresh(planned, state.selection, held, setup.cfg, knobs.selection, op.k, setup.max_open, op.status,
+                         op.chunk, pilot=op.pilot)
+    # Within a step a policy changes only its own state, the replay queue and the table; selecting just those keeps the
     # (large, per-prompt) selection models out of every round's copies. Without ``go`` the step ends
     # here, so the table's per-prompt fields (which nothing after the last round reads as planned) are
-    # not selected either: only the rows and scalars. Same-step replays may go on without ``go``: then
-    # every field is.
-    queues = lambda st: (st.pilot_buffer, st.replay_queue, st.surplus)  # noqa: E731
-    rows = lambda tb: {f.name: getattr(tb, f.name) for f in dataclasses.fields(tb)  # noqa: E731
-                       if same_step or f.name not in PER_PROMPT_FIELDS}
-    (buf, replay, surplus), kept = jax.tree.map(lambda a, b: jnp.where(go, a, b),
-                                                (queues(planned_state), rows(planned)), (queues(state), rows(t)))
+    # not selected either: only the rows, counters and key. Same-step replays may go on without ``go``:
+    # then every part is (``timing.in_step``).
+    queues = lambda st: (st.policy, st.replay_queue)  # noqa: E731
+    parts = lambda tb: {"rows": tb.rows, "counters": tb.counters, "rng": tb.rng,  # noqa: E731
+                        **({"prompts": tb.prompts} if setup.timing.in_step else {})}
+    (policy, replay), kept = jax.tree.map(lambda a, b: jnp.where(go, a, b),
+                                          (queues(planned_state), parts(planned)), (queues(state), parts(t)))
     t = planned.replace(**kept)
-    state = state.replace(pilot_buffer=buf, replay_queue=replay, surplus=surplus)
+    state = state.replace(policy=policy, replay_queue=replay)
     chunk = jnp.where((go | replays) & pending(t), t.chunk, 0)
     asked = jnp.sum(chunk).astype(jnp.int32)
     wave = t.event_wave + 1
@@ -140,12 +126,7 @@ def observe_round(setup: Setup, knobs: Knobs, state, t: StepTable, rewards, obse
                       jnp.sum(new, axis=1).astype(jnp.float32), mode="drop"))
     completed = fresh & pending(t) & (t.n >= setup.N)
     t = _complete(setup, knobs, t, completed)
-    if setup.ps.timing == "same_step":  # replay sources as they come in, for the next round
-        # A skewed group dropped for want of room (DS's surplus) is a source too: its replay can take
-        # a held slot that would otherwise cost another generation batch. Its key leaves the table's
-        # stream alone, so that the rounds' prompt choices are the same whatever the timing.
-        use = jax.random.fold_in(jax.random.fold_in(t.rng, 2), t.rounds)
-        state, t = push_sources(setup, knobs, state, t, source_rows(setup, t, completed, dropped=True), use)
+    state, t = setup.timing.observed(setup, knobs, state, t, completed)  # same step: sources as they come in
     state, t = setup.policy.decide(setup, knobs, state, t, fresh & ~completed, completed)
     return state, close_rows(t)
 
@@ -157,7 +138,7 @@ def _complete(setup: Setup, knobs: Knobs, t: StepTable, rows):
     s = successes(t)
     keep = rows & (((s > 0) & (s < t.n)) | knobs.train_saturated)
     counted = keep & toward_b(setup, t)
-    room = setup.B - t.replay_left if setup.ps.placement == "in_place" else setup.B
+    room = setup.B - setup.placement.held(t)
     train = keep & (~counted | (trained_toward_b(setup, t) + jnp.cumsum(counted) - 1 < room))
     rank = t.trained + jnp.cumsum(train) - 1
     status = jnp.where(train, TRAINED, jnp.where(rows, DROPPED, t.status))
@@ -171,54 +152,53 @@ def finish_step(setup: Setup, knobs: Knobs, state, t: StepTable):
     replay sources. Returns (state, table)."""
     now = state.step
     s = successes(t)
-    # Kept pilots are observed when committed (as one group of N) or, if never committed, when they
-    # expire: a pilot is committable for exactly buffer_max_age steps after its own.
-    buf, expired = queue_expire(state.pilot_buffer, now + 1, setup.cfg.pilot_commit.buffer_max_age)
-    # The live rows (trained, or unfinished when the step stopped), the closed groups, the expired pilots.
+    state, (left_ids, left_n, left_s, left_seen) = setup.policy.end(setup, state, now)  # e.g. expired pilots
+    # The live rows (trained, or unfinished when the step stopped), the closed groups, what left the policy's queues.
     seen = observed(t)
     prompts = jnp.arange(t.closed.shape[0], dtype=jnp.int32)
 
     def update():
-        return selection_update(state.selection, jnp.concatenate([t.prompt, prompts, buf.prompt_id]),
-                                jnp.concatenate([t.n, t.closed_n, buf.n]), jnp.concatenate([s, t.closed_s, buf.s]),
-                                jnp.concatenate([seen, t.closed_seen, expired]), setup.cfg.selection, setup.N)
+        return selection_update(state.selection, jnp.concatenate([t.prompt, prompts, left_ids]),
+                                jnp.concatenate([t.n, t.closed_n, left_n]), jnp.concatenate([s, t.closed_s, left_s]),
+                                jnp.concatenate([seen, t.closed_seen, left_seen]), setup.cfg.selection, setup.N)
     # The models are read only by a selection method (and by SARA's prior under one): without one
     # they stay at their priors, and a simulated step skips their cost.
     selection = jax.lax.cond(knobs.selection == 0, lambda: state.selection, update)
     replay_queue, _ = queue_expire(state.replay_queue, now, 0)
-    surplus, _ = queue_expire(state.surplus, now, 0)
     control = prefix_control_update(state.prefix_control, t.replay_successes, t.replay_rollouts, setup.ps,
                                     knobs.gains)
     control = jax.tree.map(lambda new, old: jnp.where(knobs.ps_on, new, old), control, state.prefix_control)
-    if setup.ps.timing == "same_step":  # a source is replayed in its own step or never
-        replay_queue = replay_queue.replace(valid=jnp.zeros_like(replay_queue.valid))
-    else:
-        state, t = push_sources(setup, knobs, state.replace(replay_queue=replay_queue), t,
-                                source_rows(setup, t, jnp.ones_like(t.bucket, bool)))
-        replay_queue = state.replay_queue
+    state, t = setup.timing.end(setup, knobs, state.replace(replay_queue=replay_queue), t)  # next step's sources
+    replay_queue = state.replay_queue
     state = state.replace(step=now + 1, next_group_key=t.key_base + t.opened, evicted=t.evicted,
-                          selection=selection, pilot_buffer=buf, replay_queue=replay_queue, surplus=surplus,
-                          prefix_control=control)
+                          selection=selection, replay_queue=replay_queue, prefix_control=control)
     return state, t
+
+
+def step_carry(state):
+    """What a step's rounds change in the allocator state (the policy's queue and the replay queue): only
+    these are loop-carried; the rest (selection models, controllers) is a loop constant."""
+    return state.policy, state.replay_queue
+
+
+def with_step_carry(state, carry):
+    """``state`` with the loop-carried parts of :func:`step_carry` replaced by ``carry``."""
+    return state.replace(policy=carry[0], replay_queue=carry[1])
 
 
 def run_step(setup: Setup, knobs: Knobs, state, outcomes):
     """A whole step with ``outcomes(state, t) -> (rewards int [G, N], observed bool [G])`` standing in
     for the sampler and verifier (pure when ``outcomes`` is): the simulator's step."""
     state, t = begin_step(setup, knobs, state)
-    # Rounds change only the queues and the table: only they are loop-carried, the rest of the state
-    # (selection models, controllers) is a loop constant.
-    with_queues = lambda qs: state.replace(pilot_buffer=qs[0], replay_queue=qs[1], surplus=qs[2])  # noqa: E731
 
     def body(carry):
         queues, t = carry
-        st, t = plan_round(setup, knobs, with_queues(queues), t)
+        st, t = plan_round(setup, knobs, with_step_carry(state, queues), t)
         rewards, observed = outcomes(st, t)
         st, t = observe_round(setup, knobs, st, t, rewards, observed)
-        return (st.pilot_buffer, st.replay_queue, st.surplus), t
+        return step_carry(st), t
 
-    queues, t = jax.lax.while_loop(lambda c: ~c[1].done, body,
-                                   ((state.pilot_buffer, state.replay_queue, state.surplus), t))
-    return finish_step(setup, knobs, with_queues(queues), t)
+    queues, t = jax.lax.while_loop(lambda c: ~c[1].done, body, (step_carry(state), t))
+    return finish_step(setup, knobs, with_step_carry(state, queues), t)
 
 

@@ -4,14 +4,14 @@ A policy says how a round is planned (which groups are opened or continued, how 
 requests) and what is decided about the groups whose outcomes just came in. Everything else (Prefix
 Sampling replays, recording outcomes, completing groups to N, the end-of-step updates) is shared and
 lives in :mod:`.machine`. Policies are stateless, hashable objects: the machine takes them as static
-arguments, so each method compiles once and never tests a method name inside a round.
+arguments, so each method compiles once and never tests a method name inside a round. What a method
+keeps across steps (its queues) is its own pytree, ``state.policy``, which only its hooks touch.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -19,12 +19,14 @@ from flax import struct
 
 from passrate_jax.allocation import pilot_commit as pc
 from passrate_jax.allocation.config import AllocationConfig, PrefixSamplingConfig
-from passrate_jax.allocation.group_queue import pilot_priority, queue_push
-from passrate_jax.allocation.prefix_control import ControllerGains, controller_gains, num_buckets
+from passrate_jax.allocation.group_queue import GroupQueue, pilot_priority, queue_expire, queue_init, queue_push
+from passrate_jax.allocation.prefix_control import ControllerGains, num_buckets
 from passrate_jax.allocation.sara import ABANDON, CONFIRM, sara_rule
-from passrate_jax.allocation.selection import METHODS
-from passrate_jax.allocation.table import (ABANDONED, ACTIVE, BUFFERED, CONFIRMED, DROPPED, TRAINED, StepTable,
+from passrate_jax.allocation.table import (ABANDONED, ACTIVE, BUFFERED, CONFIRMED, DROPPED, StepTable,
                                            afford, pending, successes, take_rows)
+
+if TYPE_CHECKING:  # the setup's Prefix Sampling objects are defined above this module, with their hooks
+    from passrate_jax.allocation.replay import Placement, Timing
 
 UNBOUNDED = 1 << 30  # a rollout budget no step reaches (int32-safe)
 
@@ -38,9 +40,9 @@ class Knobs:
     The composition's switches are knobs too, so compositions that share a setup share one compile:
     selection: int32, index into ``selection.METHODS``; ps_on: bool, Prefix Sampling on; budget: int32,
     rollouts a step may request (SARA's fill and fixed-budget modes differ only here); keep_surplus:
-    bool, ideal DS; policy: int32, index into :data:`POLICIES` (read only by a :class:`Family` setup,
-    which runs every method in one compile); max_rounds: int32, rounds per step; train_saturated:
-    bool, saturated complete groups are trained (GRPO) rather than dropped.
+    bool, ideal DS; policy: int32, index into :data:`~.family.POLICIES` (read only by a
+    :class:`~.family.Family` setup, which runs every method in one compile); max_rounds: int32, rounds
+    per step; train_saturated: bool, saturated complete groups are trained (GRPO) rather than dropped.
     """
     tau_confirm: jax.Array
     tau_abandon: jax.Array
@@ -55,32 +57,20 @@ class Knobs:
     train_saturated: jax.Array
 
 
-def knobs_from_config(cfg: AllocationConfig, ps: PrefixSamplingConfig) -> Knobs:
-    """The knobs the configs set."""
-    policy = POLICIES[cfg.method]
-    budget = cfg.budget if cfg.budget is not None else policy.default_budget(cfg)
-    # Re-rollout groups placed on top of B are paid on top of the method's budget; replays in the
-    # same step need one round after the last fresh groups complete.
-    budget += ps.extra_groups(cfg.num_prompts) * cfg.group_size
-    rounds = policy.max_rounds(cfg) + int(ps.enabled and ps.timing == "same_step")
-    return Knobs(tau_confirm=jnp.float32(cfg.sara.tau_confirm), tau_abandon=jnp.float32(cfg.sara.tau_abandon),
-                 schedule=jnp.asarray(cfg.sara.round_schedule, jnp.int32), gains=controller_gains(ps),
-                 selection=jnp.int32(METHODS.index(cfg.selection.method)), ps_on=jnp.asarray(ps.enabled),
-                 budget=jnp.int32(min(budget, UNBOUNDED)), keep_surplus=jnp.asarray(cfg.ds.keep_surplus),
-                 policy=jnp.int32(list(POLICIES).index(cfg.method)), max_rounds=jnp.int32(rounds),
-                 train_saturated=jnp.asarray(policy.trains_saturated))
-
-
 @dataclasses.dataclass(frozen=True)
 class Setup:
-    """Static description of a family of compositions: the method's policy, its configs with the
-    fields that :class:`Knobs` carry normalised away (selection method, PS on/off, SARA mode, ideal DS,
-    budget: never read them here), the dataset size, and the largest budget a member may have."""
+    """Static description of a family of compositions: the method's policy, Prefix Sampling's timing and
+    placement (objects from :mod:`.replay` whose methods are the machine's hooks: a round reads the two
+    switches through them, never as the strings of ``ps``), the configs with the fields that :class:`Knobs`
+    carry normalised away (selection method, PS on/off, SARA mode, ideal DS, budget: never read them here),
+    the dataset size, and the largest budget a member may have. Built by :func:`~.allocator.make_setup`."""
     cfg: AllocationConfig
     ps: PrefixSamplingConfig
     num_prompts: int
     policy: Policy
     max_budget: int
+    timing: Timing
+    placement: Placement
 
     @property
     def B(self) -> int:  # noqa: N802
@@ -129,7 +119,13 @@ class Policy(Protocol):
     """One allocation method. ``plan`` sets ``chunk`` > 0 on the rows to request this round and says
     how many fresh prompts to open (an :class:`Opening`); ``decide`` updates rows just observed that
     are still unfinished (``fresh``, bool [G]) and rows that just completed (``completed``). Both are
-    pure; the machine jits them. ``trains_saturated`` and ``max_rounds`` become knobs."""
+    pure; the machine jits them. ``trains_saturated`` and ``max_rounds`` become knobs.
+
+    A policy owns its state across steps (its queues), ``state.policy``: ``init`` makes it, and the
+    machine calls ``begin`` (at the start of a step, before anything is opened), ``held_prompts`` (bool
+    [P]: prompts its queues hold, not available to fresh groups) and ``end`` (at the end of the step:
+    expiry; returns (state, (prompt_id, n, s, seen)), groups leaving the queues that the selection
+    models observe now)."""
     trains_saturated: bool
 
     def default_budget(self, cfg: AllocationConfig) -> int: ...
@@ -138,6 +134,10 @@ class Policy(Protocol):
     def max_rounds(self, cfg: AllocationConfig) -> int: ...
     def plan(self, setup: Setup, knobs: Knobs, state, t: StepTable) -> tuple: ...
     def decide(self, setup: Setup, knobs: Knobs, state, t: StepTable, fresh, completed) -> tuple: ...
+    def init(self, setup: Setup): ...
+    def begin(self, setup: Setup, knobs: Knobs, state, t: StepTable) -> tuple: ...
+    def held_prompts(self, state, num_prompts: int): ...
+    def end(self, setup: Setup, state, now) -> tuple: ...
 
 
 def budget_left(knobs: Knobs, t: StepTable):
@@ -148,30 +148,57 @@ def budget_left(knobs: Knobs, t: StepTable):
 
 def toward_b(setup: Setup, t: StepTable):
     """Rows whose groups count toward the step's B, bool [G]: all but re-rollout groups placed on top."""
-    return (t.bucket < 0) | (setup.ps.placement == "in_place")
+    return setup.placement.toward_b(t)
 
 
 def trained_toward_b(setup: Setup, t: StepTable):
     """Trained groups that count toward B (int32): ``t.trained`` less re-rollout groups placed on top."""
-    if setup.ps.placement == "in_place":
-        return t.trained
-    return jnp.sum((t.status == TRAINED) & toward_b(setup, t)).astype(jnp.int32)
+    return setup.placement.trained_toward_b(t)
 
 
 def slots(setup: Setup, t: StepTable):
     """Groups the step still lacks: B minus those trained and in progress (counting toward B), and,
     in place, minus the slots held for same-step re-rollout groups not yet opened."""
-    held = t.replay_left if setup.ps.placement == "in_place" else 0
     busy = jnp.sum(pending(t) & toward_b(setup, t)).astype(jnp.int32)
-    return setup.B - held - trained_toward_b(setup, t) - busy
+    return setup.B - setup.placement.held(t) - trained_toward_b(setup, t) - busy
 
 
 def _no_decision(setup, knobs, state, t, fresh, completed):
     return state, t
 
 
+class NoQueue:
+    """The state hooks of a policy that keeps nothing across steps (a policy with a queue overrides them)."""
+
+    def init(self, setup):
+        return ()
+
+    def begin(self, setup, knobs, state, t):
+        return state, t
+
+    def held_prompts(self, state, num_prompts):
+        return jnp.zeros((num_prompts,), bool)
+
+    def end(self, setup, state, now):
+        none = jnp.zeros((0,), jnp.int32)
+        return state, (none, none, none, jnp.zeros((0,), bool))
+
+
+@struct.dataclass
+class DSState:
+    """Dynamic sampling's state: ideal DS's valid groups beyond B, trained first next step (empty
+    without ``keep_surplus``)."""
+    surplus: GroupQueue
+
+
+@struct.dataclass
+class PilotCommitState:
+    """Pilot-Commit's state: the buffer of kept pilots awaiting their commit."""
+    buffer: GroupQueue
+
+
 @dataclasses.dataclass(frozen=True)
-class Uniform:
+class Uniform(NoQueue):
     """GRPO: B fresh prompts, N rollouts each, every group trained (saturated ones too)."""
     trains_saturated: bool = True
 
@@ -195,7 +222,7 @@ class Uniform:
 
 
 @dataclasses.dataclass(frozen=True)
-class DynamicSampling:
+class DynamicSampling(NoQueue):
     """DAPO dynamic sampling: generation batches of gen_batch_multiple * B full groups until B are valid.
     With ``keep_surplus`` (ideal DS) valid groups beyond B wait in the surplus queue for the next step."""
     trains_saturated: bool = False
@@ -221,7 +248,7 @@ class DynamicSampling:
         # round mode none is in flight when a round is planned).
         in_flight = jnp.sum(pending(t) & (t.bucket < 0)).astype(jnp.int32)
         k = jnp.where(trained_toward_b(setup, t) + in_flight >= setup.B, 0, k)
-        if setup.ps.timing == "same_step":
+        if setup.timing.in_step:  # no batch while the missing groups are all replays in progress
             k = jnp.where(slots(setup, t) > 0, k, 0)
         return state, t, Opening.of(k, CONFIRMED, setup.N)
 
@@ -229,12 +256,27 @@ class DynamicSampling:
         s = successes(t)
         extra = knobs.keep_surplus & completed & (t.status == DROPPED) & (s > 0) & (s < t.n)
         zero = jnp.zeros_like(t.n)
-        surplus = queue_push(state.surplus, t.prompt, t.key, t.n, s, t.rewards, zero, zero, state.step, extra)
-        return state.replace(surplus=surplus), t
+        surplus = queue_push(state.policy.surplus, t.prompt, t.key, t.n, s, t.rewards, zero, zero, state.step,
+                             extra)
+        return state.replace(policy=DSState(surplus)), t
+
+    def init(self, setup):
+        return DSState(queue_init(setup.B, setup.N))
+
+    def begin(self, setup, knobs, state, t):
+        """Ideal DS: last step's surplus (complete groups, requesting nothing) is trained first."""
+        q = state.policy.surplus
+        k = jnp.where(knobs.keep_surplus, setup.B, 0)
+        t, q, _, _ = take_rows(t, q, k, q.stamp.astype(jnp.float32), CONFIRMED, lambda n: 0 * n, carried=True)
+        return state.replace(policy=DSState(q)), t
+
+    def end(self, setup, state, now):
+        surplus, _ = queue_expire(state.policy.surplus, now, 0)  # a surplus group waits one step at most
+        return super().end(setup, state.replace(policy=DSState(surplus)), now)
 
 
 @dataclasses.dataclass(frozen=True)
-class Sara:
+class Sara(NoQueue):
     """SARA: probe fresh prompts in rounds; confirm, abandon or continue each after every round; a
     confirmed group is completed to N. Fill mode opens prompts until B confirmed groups are complete
     (within a cap equal to DS's worst case); fixed-budget mode spends at most B * N rollouts a step.
@@ -275,7 +317,7 @@ class Sara:
 
 
 @dataclasses.dataclass(frozen=True)
-class PilotCommit:
+class PilotCommit(NoQueue):
     """Pilot-Commit: pilot fresh prompts with n_p rollouts, keep those in the pass-rate band in a buffer,
     commit the best buffered pilots (highest pilot variance first; n_c = N - n_p more rollouts).
 
@@ -309,7 +351,7 @@ class PilotCommit:
     def plan(self, setup, knobs, state, t):
         pcfg, n = setup.cfg.pilot_commit, setup.N
         n_p = pc.pilot_size(pcfg, n)
-        want, buf = slots(setup, t), state.pilot_buffer
+        want, buf = slots(setup, t), state.policy.buffer
         budgeted = pcfg.mode == "budgeted"
         stage = budgeted & (t.rounds == 0)  # the pilot stage commits nothing: its pilots are ranked first
         k_commit = jnp.where(stage, 0, jnp.minimum(want, afford(budget_left(knobs, t), n - n_p)))
@@ -323,7 +365,7 @@ class PilotCommit:
             k_pilot = jnp.minimum(jnp.where(stage, first, later), self.max_open(setup))
         else:
             k_pilot = jnp.minimum(pcfg.pilot_pool_ratio * shortfall, afford(budget_left(knobs, t), n_p))
-        return state.replace(pilot_buffer=buf), t, Opening.of(k_pilot, ACTIVE, n_p, pilot=True)
+        return state.replace(policy=PilotCommitState(buf)), t, Opening.of(k_pilot, ACTIVE, n_p, pilot=True)
 
     def decide(self, setup, knobs, state, t, fresh, completed):
         rows = fresh & (t.status == ACTIVE) & t.pilot
@@ -332,55 +374,22 @@ class PilotCommit:
         keep = rows & (verdict == pc.KEEP)
         evict = rows & (verdict == pc.EVICT)
         zero = jnp.zeros_like(t.n)
-        buf = queue_push(state.pilot_buffer, t.prompt, t.key, t.n, s, t.rewards, zero, zero, state.step, keep)
+        buf = queue_push(state.policy.buffer, t.prompt, t.key, t.n, s, t.rewards, zero, zero, state.step, keep)
         evicted = t.evicted.at[jnp.where(evict, t.prompt, t.evicted.shape[0])].set(True, mode="drop")
         status = jnp.where(rows, jnp.where(keep, BUFFERED, ABANDONED), t.status)
-        return state.replace(pilot_buffer=buf), t.replace(status=status, pilot=t.pilot & ~rows, evicted=evicted)
+        return (state.replace(policy=PilotCommitState(buf)),
+                t.replace(status=status, pilot=t.pilot & ~rows, evicted=evicted))
 
+    def init(self, setup):
+        return PilotCommitState(queue_init(2 * setup.cfg.pilot_commit.pilot_pool_ratio * setup.B, setup.N))
 
-POLICIES: dict[str, Policy] = {"uniform": Uniform(), "ds": DynamicSampling(), "sara": Sara(),
-                               "pilot_commit": PilotCommit()}
+    def held_prompts(self, state, num_prompts):
+        buf = state.policy.buffer
+        return jnp.zeros((num_prompts,), bool).at[jnp.where(buf.valid, buf.prompt_id, num_prompts)].set(
+            True, mode="drop")
 
-
-@dataclasses.dataclass(frozen=True)
-class Family:
-    """Every policy of ``members`` in one compile: ``knobs.policy`` (an index into ``members``) picks
-    the one a run uses, under ``lax.switch`` (a real branch while the index is not vmapped). The table
-    is sized for the largest member. The simulator runs all its methods on one such setup."""
-    members: tuple[Policy, ...] = tuple(POLICIES.values())
-    trains_saturated = None  # a knob: members differ
-
-    def default_budget(self, cfg):
-        return max(m.default_budget(cfg) for m in self.members)
-
-    def capacity(self, setup):
-        return max(m.capacity(setup) for m in self.members)
-
-    def max_open(self, setup):
-        return max(m.max_open(setup) for m in self.members)
-
-    def max_rounds(self, cfg):
-        return max(m.max_rounds(cfg) for m in self.members)
-
-    def plan(self, setup, knobs, state, t):
-        branches = [functools.partial(m.plan, setup, knobs) for m in self.members]
-        return jax.lax.switch(knobs.policy, branches, state, t)
-
-    def decide(self, setup, knobs, state, t, fresh, completed):
-        branches = [functools.partial(m.decide, setup, knobs) for m in self.members]
-        return jax.lax.switch(knobs.policy, branches, state, t, fresh, completed)
-
-
-def make_setup(cfg: AllocationConfig, ps: PrefixSamplingConfig, num_prompts: int, family: bool = False) -> Setup:
-    """The static setup of a composition; the method's policy is chosen here, once. Compositions that
-    differ only in what :class:`Knobs` carry get equal setups (so jit compiles them once). ``family``:
-    a setup that runs every method (:class:`Family`), the method then being the knob ``policy``."""
-    policy = Family() if family else POLICIES[cfg.method]
-    widest = dataclasses.replace(cfg, sara=dataclasses.replace(cfg.sara, mode="fill"))
-    max_budget = cfg.budget if cfg.budget is not None else policy.default_budget(widest)
-    static = dataclasses.replace(cfg, budget=None, selection=dataclasses.replace(cfg.selection, method="none"),
-                                 sara=dataclasses.replace(cfg.sara, mode="fill"),
-                                 ds=dataclasses.replace(cfg.ds, keep_surplus=False),
-                                 method="uniform" if family else cfg.method)
-    return Setup(cfg=static, ps=dataclasses.replace(ps, enabled=False), num_prompts=num_prompts, policy=policy,
-                 max_budget=min(max_budget, UNBOUNDED))
+    def end(self, setup, state, now):
+        # Kept pilots are observed when committed (as one group of N) or, if never committed, when they
+        # expire: a pilot is committable for exactly buffer_max_age steps after its own.
+        buf, expired = queue_expire(state.policy.buffer, now + 1, setup.cfg.pilot_commit.buffer_max_age)
+        return state.replace(policy=PilotCommitState(buf)), (buf.prompt_id, buf.n, buf.s, expired)

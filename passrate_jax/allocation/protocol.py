@@ -4,6 +4,7 @@ persistent state. Plain data: no allocation logic lives here."""
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -87,17 +88,17 @@ class AllocatorState:
 
     step: int32 scalar. key: uint32 [2] PRNG key. next_group_key: int32 scalar, next unused group key.
     evicted: bool [P], prompts Pilot-Commit removed from later epochs. selection: MoPPS/DPS models.
-    pilot_buffer, replay_queue, surplus: group queues (Pilot-Commit kept pilots, PS replay sources,
-    ideal DS surplus). prefix_control: PS per-bucket ratio and EMA.
+    policy: the method's own state, a pytree its policy makes (``Policy.init``) and alone reads: ideal DS's
+    surplus queue, Pilot-Commit's buffer of kept pilots, nothing for uniform and SARA.
+    replay_queue: Prefix Sampling's replay sources; prefix_control: its per-bucket ratio and EMA.
     """
     step: jax.Array
     key: jax.Array
     next_group_key: jax.Array
     evicted: jax.Array
     selection: SelectionState
-    pilot_buffer: GroupQueue
+    policy: Any
     replay_queue: GroupQueue
-    surplus: GroupQueue
     prefix_control: PrefixControlState
 
 

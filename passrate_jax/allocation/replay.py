@@ -1,15 +1,25 @@
 """Prefix Sampling's part of the round machine (:mod:`.machine`): opening re-rollout groups from the
-replay queue and pushing replay sources into it, for both timings (DESIGN.md 2.4, docs/design.md 5.6).
+replay queue and pushing replay sources into it, and the two switches of docs/design.md 5.6 as objects
+whose methods are the machine's hooks, chosen once from the config (:data:`TIMINGS`, :data:`PLACEMENTS`),
+so that no round compares a string.
 
-next_step: a step's trained skewed fresh groups are pushed when it ends (:func:`push_sources` from
-``finish_step``) and replayed in the first round of the next step (:func:`open_replays` from
-``begin_step``). same_step: ``begin_step`` grants the step ``replay_left`` = replay_slots re-rollout
-groups; each round's completed skewed fresh groups are pushed as they come in (``observe_round``), and
-the next round opens replays of them (:func:`open_same_step`) while any are left. Pure functions of
-(setup, knobs, allocator state, step table), jitted with the machine.
+Timing. :class:`NextStep`: a step's trained skewed fresh groups are pushed when it ends (``end``, from
+``finish_step``) and replayed in the first round of the next step (``begin``, from ``begin_step``).
+:class:`SameStep`: ``begin`` grants the step ``replay_left`` = replay_slots re-rollout groups; each
+round's completed skewed fresh groups are pushed as they come in (``observed``, from ``observe_round``),
+and the next round opens replays of them (``open_round``, from ``plan_round``) while any are left.
+
+Placement. :class:`InPlace`: re-rollout groups count toward the step's B; :class:`OnTop`: they come on
+top of it. Its hooks say which rows count toward B and how many of B are held back for replays.
+
+Pure functions of (setup, knobs, allocator state, step table), jitted with the machine; the objects are
+stateless and hashable (static parts of the :class:`~.policies.Setup`).
 """
 
 from __future__ import annotations
+
+import dataclasses
+from typing import Protocol
 
 import jax
 import jax.numpy as jnp
@@ -72,3 +82,117 @@ def open_same_step(setup: Setup, knobs: Knobs, state, t: StepTable, go):
     t = t.replace(replay_left=t.replay_left - opened)
     idle = (slots(setup, t) <= 0) & ~jnp.any(pending(t) & (t.bucket < 0)) & ~jnp.any(state.replay_queue.valid)
     return state, t.replace(replay_left=jnp.where(go & idle, 0, t.replay_left))
+
+
+class Timing(Protocol):
+    """When Prefix Sampling's re-rollout groups are queued and issued (:class:`~.replay.NextStep`,
+    :class:`~.replay.SameStep`): hooks of ``begin_step``, ``plan_round``, ``observe_round`` and
+    ``finish_step``. ``extra_rounds``: rounds a step needs beyond the policy's; ``in_step``: replays are
+    opened and requested among the step's own rounds."""
+    extra_rounds: int
+    in_step: bool
+
+    def begin(self, setup: Setup, knobs: Knobs, state, t: StepTable) -> tuple: ...
+    def open_round(self, setup: Setup, knobs: Knobs, state, t: StepTable, go) -> tuple: ...
+    def observed(self, setup: Setup, knobs: Knobs, state, t: StepTable, completed) -> tuple: ...
+    def end(self, setup: Setup, knobs: Knobs, state, t: StepTable) -> tuple: ...
+
+
+class Placement(Protocol):
+    """How re-rollout groups are placed against the step's B (:class:`~.replay.InPlace`,
+    :class:`~.replay.OnTop`)."""
+
+    def toward_b(self, t: StepTable): ...
+    def trained_toward_b(self, t: StepTable): ...
+    def held(self, t: StepTable): ...
+
+
+
+@dataclasses.dataclass(frozen=True)
+class InPlace:
+    """Re-rollout groups take the place of fresh ones: every group counts toward the step's B, and the
+    ``replay_left`` slots granted to same-step replays are held back from the policy."""
+
+    def toward_b(self, t: StepTable):
+        """Rows whose groups count toward B, bool [G]."""
+        return jnp.ones_like(t.bucket, bool)
+
+    def trained_toward_b(self, t: StepTable):
+        """Trained groups that count toward B, int32."""
+        return t.trained
+
+    def held(self, t: StepTable):
+        """Groups of B held back from the policy for re-rollout groups not yet opened."""
+        return t.replay_left
+
+
+@dataclasses.dataclass(frozen=True)
+class OnTop:
+    """Re-rollout groups come on top of B: the policy fills B with fresh groups as without PS."""
+
+    def toward_b(self, t: StepTable):
+        return t.bucket < 0
+
+    def trained_toward_b(self, t: StepTable):
+        return jnp.sum((t.status == TRAINED) & self.toward_b(t)).astype(jnp.int32)
+
+    def held(self, t: StepTable):
+        return 0
+
+
+@dataclasses.dataclass(frozen=True)
+class NextStep:
+    """A step's trained skewed groups are replayed in the first round of the next step."""
+    extra_rounds = 0  # rounds a step needs beyond the policy's
+    in_step = False  # re-rollout groups are opened and requested among the step's rounds
+
+    def begin(self, setup: Setup, knobs: Knobs, state, t: StepTable):
+        """Open the replays of last step's sources (requested in the first round), once a step."""
+        k = jnp.where(knobs.ps_on & (setup.placement.trained_toward_b(t) < setup.B), setup.replay_slots, 0)
+        state, t, _ = open_replays(setup, knobs, state, t, k)
+        return state, t
+
+    def open_round(self, setup: Setup, knobs: Knobs, state, t: StepTable, go):
+        """(state, table, rows requested whatever the policy says): none, the replays were opened by begin."""
+        return state, t, False
+
+    def observed(self, setup: Setup, knobs: Knobs, state, t: StepTable, completed):
+        """After a round's outcomes: sources wait for the end of the step."""
+        return state, t
+
+    def end(self, setup: Setup, knobs: Knobs, state, t: StepTable):
+        """At the end of the step (``state.replay_queue`` already expired): queue the step's sources."""
+        return push_sources(setup, knobs, state, t, source_rows(setup, t, jnp.ones_like(t.bucket, bool)))
+
+
+@dataclasses.dataclass(frozen=True)
+class SameStep:
+    """A skewed group is replayed in a later round of its own step (one extra round a step for it)."""
+    extra_rounds = 1
+    in_step = True
+
+    def begin(self, setup: Setup, knobs: Knobs, state, t: StepTable):
+        """Grant the step its re-rollout groups (opened by :meth:`open_round` as sources come in)."""
+        t = t.replace(replay_left=jnp.where(knobs.ps_on, setup.replay_slots, 0).astype(jnp.int32))
+        t, _ = split_rng(t)  # as opening does: the step's prompt order is the same whatever the timing
+        return state, t
+
+    def open_round(self, setup: Setup, knobs: Knobs, state, t: StepTable, go):
+        state, t = open_same_step(setup, knobs, state, t, go)
+        return state, t, go & (t.bucket >= 0)  # requested even when B groups count already
+
+    def observed(self, setup: Setup, knobs: Knobs, state, t: StepTable, completed):
+        # A skewed group dropped for want of room (DS's surplus) is a source too: its replay can take
+        # a held slot that would otherwise cost another generation batch. Its key leaves the table's
+        # stream alone, so that the rounds' prompt choices are the same whatever the timing.
+        use = jax.random.fold_in(jax.random.fold_in(t.rng, 2), t.rounds)
+        return push_sources(setup, knobs, state, t, source_rows(setup, t, completed, dropped=True), use)
+
+    def end(self, setup: Setup, knobs: Knobs, state, t: StepTable):
+        """A source is replayed in its own step or never: the queue is emptied."""
+        q = state.replay_queue
+        return state.replace(replay_queue=q.replace(valid=jnp.zeros_like(q.valid))), t
+
+
+TIMINGS = {"next_step": NextStep(), "same_step": SameStep()}
+PLACEMENTS = {"in_place": InPlace(), "on_top": OnTop()}

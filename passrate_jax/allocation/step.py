@@ -7,6 +7,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 
+from passrate_jax.allocation.group_queue import GroupQueue
 from passrate_jax.allocation.machine import (begin_step, finish_step, observe_event, observe_round, plan_event,
                                              plan_round)
 from passrate_jax.allocation.policies import Knobs, Setup
@@ -123,7 +124,9 @@ class StepRun:
             rewards = tuple(int(r) for r in t.rewards[g, :t.n[g]])
             groups.append(TrainGroup(int(t.key[g]), int(t.prompt[g]), rewards, _prefix(t, g), bool(0 < s[g] < t.n[g])))
         abandoned = [(int(p), int(t.closed_n[p]), int(t.closed_s[p])) for p in np.nonzero(t.closed == ABANDONED)[0]]
-        queues = jax.device_get((state.replay_queue, state.pilot_buffer, state.surplus))
+        # Every queue of the state (the replay queue, and the policy's) holds groups later steps may request.
+        queues = jax.device_get([q for q in jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, GroupQueue))
+                                 if isinstance(q, GroupQueue)])
         retained = frozenset(int(k) for q in queues for k in q.group_key[q.valid])
         result = StepResult(groups=groups, rollouts_spent=int(t.spent), rounds=int(t.rounds), abandoned=abandoned,
                             retained_keys=retained, replay_successes=np.asarray(t.replay_successes, float),

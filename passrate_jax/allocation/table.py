@@ -15,6 +15,9 @@ round's work scales with B.
 
 from __future__ import annotations
 
+import dataclasses
+import operator
+
 import jax
 import jax.numpy as jnp
 from flax import struct
@@ -32,31 +35,16 @@ CLOSING = (DROPPED, ABANDONED, BUFFERED, REJECTED)
 
 
 @struct.dataclass
-class StepTable:
-    """G rows of groups of up to N rollouts, P prompts, K Prefix Sampling buckets.
+class GroupRows:
+    """The step's G rows of groups of up to N rollouts, one entry per row (shape [G] unless noted).
 
-    Per row (shape [G] unless noted): prompt, key (group key, unique across steps), status, n (rollouts
-    held), rewards int8 [G, N] (first n meaningful), chunk (rollouts the current round requests),
-    probes (SARA probe rounds done), prior_a / prior_b (SARA's Beta prior), bucket (PS bucket of a
-    re-rollout group, -1 for a fresh group), src_key / src_index / cut / src_success (the replayed
-    prefix), pilot (a Pilot-Commit pilot awaiting its verdict), carried (came from the ideal-DS surplus:
-    observed at its own step), rank (training order, -1 when not trained), inflight (event mode:
-    rollouts requested and not yet observed; 0 in round mode), wave (the round of the row's latest
-    request: 1 + the round of the event that issued it).
-    Scalars: count (live rows, packed at the front), opened (groups opened this step: the next new
-    group's key is key_base + opened), trained, spent (rollouts requested), rounds, done, overflow
-    (groups that found no free row: 0 unless a capacity is wrong; the host raises on it), replay_left
-    (same-step Prefix Sampling: re-rollout groups the step may still open, their slots and rollouts held
-    back from the policy; 0 otherwise), event_wave (the round of the latest observation: the largest wave
-    it observed; the next requests are of round event_wave + 1, so in round mode it equals rounds).
-    used / evicted: bool [P]. rng: PRNG key. replay_successes / replay_rollouts: float32 [K].
-    thompson: float32 [P], the step's MoPPS Thompson draws (zeros under another selection method).
-    order: int32 [P], the prompts available at the start of the step first, in random order; cursor:
-    how many of them selection method none has opened; num_available: how many there are.
-    Closed groups, per prompt (a prompt has at most one row a step, closed once except a pilot
-    buffered and committed in the same step): closed (its closing status, FREE if none), closed_n /
-    closed_s (rollouts, successes), closed_seen (an observation for the selection models: a fresh
-    group of this step that was observed).
+    prompt, key (group key, unique across steps), status, n (rollouts held), rewards int8 [G, N] (first n
+    meaningful), chunk (rollouts the current round requests), probes (SARA probe rounds done), prior_a /
+    prior_b (SARA's Beta prior), bucket (PS bucket of a re-rollout group, -1 for a fresh group), src_key /
+    src_index / cut / src_success (the replayed prefix), pilot (a Pilot-Commit pilot awaiting its verdict),
+    carried (came from the ideal-DS surplus: observed at its own step), rank (training order, -1 when not
+    trained), inflight (event mode: rollouts requested and not yet observed; 0 in round mode), wave (the
+    round of the row's latest request: 1 + the round of the event that issued it).
     """
     prompt: jax.Array
     key: jax.Array
@@ -77,6 +65,44 @@ class StepTable:
     rank: jax.Array
     inflight: jax.Array
     wave: jax.Array
+
+
+@struct.dataclass
+class PromptArrays:
+    """The step's P-sized arrays, one entry per prompt, and the step order's cursor.
+
+    used / evicted: bool [P]. thompson: float32 [P], the step's MoPPS Thompson draws (zeros under another
+    selection method). order: int32 [P], the prompts available at the start of the step first, in random
+    order; cursor: how many of them selection method none has opened; num_available: how many there are.
+    Closed groups, per prompt (a prompt has at most one row a step, closed once except a pilot buffered
+    and committed in the same step): closed (its closing status, FREE if none), closed_n / closed_s
+    (rollouts, successes), closed_seen (an observation for the selection models: a fresh group of this
+    step that was observed).
+    """
+    used: jax.Array
+    evicted: jax.Array
+    thompson: jax.Array
+    order: jax.Array
+    cursor: jax.Array
+    num_available: jax.Array
+    closed: jax.Array
+    closed_n: jax.Array
+    closed_s: jax.Array
+    closed_seen: jax.Array
+
+
+@struct.dataclass
+class Counters:
+    """The step's scalars and per-bucket sums.
+
+    count (live rows, packed at the front), opened (groups opened this step: the next new group's key is
+    key_base + opened), trained, spent (rollouts requested), rounds, done, overflow (groups that found no
+    free row: 0 unless a capacity is wrong; the host raises on it), replay_left (same-step Prefix Sampling:
+    re-rollout groups the step may still open, their slots and rollouts held back from the policy; 0
+    otherwise), event_wave (the round of the latest observation: the largest wave it observed; the next
+    requests are of round event_wave + 1, so in round mode it equals rounds). replay_successes /
+    replay_rollouts: float32 [K], this step's re-rollout outcomes per PS bucket.
+    """
     count: jax.Array
     opened: jax.Array
     overflow: jax.Array
@@ -87,52 +113,74 @@ class StepTable:
     done: jax.Array
     replay_left: jax.Array
     event_wave: jax.Array
-    used: jax.Array
-    evicted: jax.Array
-    rng: jax.Array
     replay_successes: jax.Array
     replay_rollouts: jax.Array
-    thompson: jax.Array
-    order: jax.Array
-    cursor: jax.Array
-    num_available: jax.Array
-    closed: jax.Array
-    closed_n: jax.Array
-    closed_s: jax.Array
-    closed_seen: jax.Array
+
+
+@struct.dataclass
+class StepTable:
+    """One step's groups: G rows (:class:`GroupRows`), P prompts (:class:`PromptArrays`), the counters
+    (:class:`Counters`, K Prefix Sampling buckets) and the step's PRNG key ``rng``.
+
+    The parts are split by shape, so that what happens to every field of a kind is one ``jax.tree.map``
+    over its part (packing the rows, selecting a round's plan). Every field of a part also reads as an
+    attribute of the table (``t.status`` is ``t.rows.status``), and :meth:`replace` takes field names
+    (``t.replace(status=..., trained=...)`` replaces them in their parts) as well as whole parts.
+    """
+    rows: GroupRows
+    prompts: PromptArrays
+    counters: Counters
+    rng: jax.Array
 
     @property
     def capacity(self) -> int:
-        return self.status.shape[0]
+        return self.rows.status.shape[0]
+
+
+_PART_OF = {f.name: part for part, kind in (("rows", GroupRows), ("prompts", PromptArrays), ("counters", Counters))
+            for f in dataclasses.fields(kind)}
+
+
+def _replace(t: StepTable, **updates) -> StepTable:
+    """``t`` with fields replaced: a part's field name replaces it within its part, any other name
+    (``rows``, ``prompts``, ``counters``, ``rng``) a whole part."""
+    whole = {name: value for name, value in updates.items() if name not in _PART_OF}
+    for part in ("rows", "prompts", "counters"):
+        fields = {name: value for name, value in updates.items() if _PART_OF.get(name) == part}
+        if fields:
+            whole[part] = whole.get(part, getattr(t, part)).replace(**fields)
+    return dataclasses.replace(t, **whole)
+
+
+# flax's struct.dataclass installs its own ``replace``; the table's routes field names to their parts.
+StepTable.replace = _replace
+for _name, _part in _PART_OF.items():
+    setattr(StepTable, _name, property(operator.attrgetter(f"{_part}.{_name}")))
+
+
+def rows_init(capacity: int, group_size: int) -> GroupRows:
+    """``capacity`` free rows."""
+    zi = jnp.zeros((capacity,), jnp.int32)
+    zf = jnp.zeros((capacity,), jnp.float32)
+    zb = jnp.zeros((capacity,), bool)
+    return GroupRows(prompt=zi, key=zi, status=zi, n=zi, rewards=jnp.zeros((capacity, group_size), jnp.int8),
+                     chunk=zi, probes=zi, prior_a=zf + 1, prior_b=zf + 1, bucket=zi - 1, src_key=zi, src_index=zi,
+                     cut=zf, src_success=zb, pilot=zb, carried=zb, rank=zi - 1, inflight=zi, wave=zi)
 
 
 def table_init(capacity: int, group_size: int, num_buckets: int, key_base, evicted, rng) -> StepTable:
     """An empty table for one step."""
-    zi = jnp.zeros((capacity,), jnp.int32)
-    zf = jnp.zeros((capacity,), jnp.float32)
-    zb = jnp.zeros((capacity,), bool)
     z = jnp.zeros((), jnp.int32)
-    return StepTable(prompt=zi, key=zi, status=zi, n=zi, rewards=jnp.zeros((capacity, group_size), jnp.int8),
-                     chunk=zi, probes=zi, prior_a=zf + 1, prior_b=zf + 1, bucket=zi - 1, src_key=zi,
-                     src_index=zi, cut=zf, src_success=zb, pilot=zb, carried=zb, rank=zi - 1, inflight=zi, wave=zi,
-                     count=z, opened=z,
-                     overflow=z, key_base=jnp.asarray(key_base, jnp.int32), trained=z, spent=z, rounds=z,
-                     done=jnp.zeros((), bool), replay_left=z, event_wave=z, used=jnp.zeros_like(evicted),
-                     evicted=evicted, rng=rng,
-                     replay_successes=jnp.zeros((num_buckets,), jnp.float32),
-                     replay_rollouts=jnp.zeros((num_buckets,), jnp.float32),
-                     thompson=jnp.zeros(evicted.shape, jnp.float32), order=jnp.zeros(evicted.shape, jnp.int32),
-                     cursor=z, num_available=z,
-                     closed=jnp.zeros(evicted.shape, jnp.int32), closed_n=jnp.zeros(evicted.shape, jnp.int32),
-                     closed_s=jnp.zeros(evicted.shape, jnp.int32), closed_seen=jnp.zeros_like(evicted))
-
-
-ROW_FIELDS = ("prompt", "key", "status", "n", "rewards", "chunk", "probes", "prior_a", "prior_b", "bucket", "src_key",
-              "src_index", "cut", "src_success", "pilot", "carried", "rank", "inflight", "wave")
-# The fields of size P (one entry per prompt) and the step order's cursor; every other field is a row or
-# a scalar (size G or less).
-PER_PROMPT_FIELDS = ("used", "evicted", "thompson", "order", "cursor", "num_available", "closed", "closed_n",
-                     "closed_s", "closed_seen")
+    per_prompt = lambda dtype: jnp.zeros(evicted.shape, dtype)  # noqa: E731
+    prompts = PromptArrays(used=jnp.zeros_like(evicted), evicted=evicted, thompson=per_prompt(jnp.float32),
+                           order=per_prompt(jnp.int32), cursor=z, num_available=z, closed=per_prompt(jnp.int32),
+                           closed_n=per_prompt(jnp.int32), closed_s=per_prompt(jnp.int32),
+                           closed_seen=jnp.zeros_like(evicted))
+    counters = Counters(count=z, opened=z, overflow=z, key_base=jnp.asarray(key_base, jnp.int32), trained=z, spent=z,
+                        rounds=z, done=jnp.zeros((), bool), replay_left=z, event_wave=z,
+                        replay_successes=jnp.zeros((num_buckets,), jnp.float32),
+                        replay_rollouts=jnp.zeros((num_buckets,), jnp.float32))
+    return StepTable(rows=rows_init(capacity, group_size), prompts=prompts, counters=counters, rng=rng)
 
 
 def draw_thompson(t: StepTable, selection: SelectionState, method) -> StepTable:
@@ -141,12 +189,13 @@ def draw_thompson(t: StepTable, selection: SelectionState, method) -> StepTable:
     return t.replace(thompson=thompson_draws(selection, use, method))
 
 
-def shuffle_available(t: StepTable, pilot_buffer: GroupQueue) -> StepTable:
+def shuffle_available(t: StepTable, held) -> StepTable:
     """The prompts available to :func:`open_fresh` in a random order, drawn once a step (call it after
     the step's carried and replayed groups are opened). Within the step a prompt stops being available
     only when a round opens it, so selection method none takes the next ones in this order: sampling
-    without replacement, as a fresh draw every round would be, without a pass over the dataset."""
-    avail = _available(t, pilot_buffer)
+    without replacement, as a fresh draw every round would be, without a pass over the dataset. ``held``:
+    bool [P], prompts the policy's queues hold (``Policy.held_prompts``)."""
+    avail = _available(t, held)
     num = avail.shape[0]
     candidate = random_permutation(jax.random.fold_in(t.rng, 1), num)
     ok = (candidate < num) & avail[jnp.minimum(candidate, num - 1)]
@@ -251,28 +300,28 @@ def _pack(t: StepTable, keep) -> StepTable:
     src = jnp.full((g,), g, jnp.int32).at[jnp.where(keep, jnp.cumsum(keep) - 1, g)].set(
         jnp.arange(g, dtype=jnp.int32), mode="drop")
     filled = src < g
-    empty = table_init(g, t.rewards.shape[1], 1, 0, t.used, t.rng)
-    rows = {}
-    for name in ROW_FIELDS:
-        column, blank = getattr(t, name), getattr(empty, name)
+
+    def gather(column, blank):
         mask = filled.reshape((g,) + (1,) * (column.ndim - 1))
-        rows[name] = jnp.where(mask, column[jnp.minimum(src, g - 1)], blank)
-    return t.replace(**rows, count=jnp.sum(keep).astype(jnp.int32))
+        return jnp.where(mask, column[jnp.minimum(src, g - 1)], blank)
+    rows = jax.tree.map(gather, t.rows, rows_init(g, t.rewards.shape[1]))
+    return t.replace(rows=rows, count=jnp.sum(keep).astype(jnp.int32))
 
 
-def open_fresh(t: StepTable, selection: SelectionState, pilot_buffer: GroupQueue, cfg: AllocationConfig, method,
+def open_fresh(t: StepTable, selection: SelectionState, held, cfg: AllocationConfig, method,
                k, k_max: int, status, chunk, **fields) -> StepTable:
     """Open up to ``k`` (traced, <= static ``k_max``) groups on prompts the selection method ``method``
     (an index into ``selection.METHODS``, may be traced) chooses among those not used this step, not
-    evicted and not waiting in the pilot buffer: the next ones of the step's random order
-    (:func:`shuffle_available`) under method none, else by :func:`~.selection.select_by_id`."""
+    evicted and not ``held`` (bool [P]: waiting in the policy's queues, e.g. the pilot buffer): the next
+    ones of the step's random order (:func:`shuffle_available`) under method none, else by
+    :func:`~.selection.select_by_id`."""
     def in_order():
         at = t.cursor + jnp.arange(k_max)
         return t.order[jnp.minimum(at, t.order.shape[0] - 1)], (jnp.arange(k_max) < k) & (at < t.num_available), t.rng
 
     def by_score():
         rng, use = jax.random.split(t.rng)
-        ids, ok = select_by_id(selection, use, _available(t, pilot_buffer), k, k_max, cfg.selection, method, t.thompson)
+        ids, ok = select_by_id(selection, use, _available(t, held), k, k_max, cfg.selection, method, t.thompson)
         return ids, ok, rng
     if isinstance(method, int):
         ids, ok, rng = in_order() if method == 0 else by_score()
@@ -283,10 +332,9 @@ def open_fresh(t: StepTable, selection: SelectionState, pilot_buffer: GroupQueue
     return open_rows(t, ok, ids, status, chunk, prior_a=pa, prior_b=pb, **fields)
 
 
-def _available(t: StepTable, pilot_buffer: GroupQueue):
-    """Prompts not used this step, not evicted, not waiting in the pilot buffer: bool [P]."""
-    avail = ~t.evicted & ~t.used
-    return avail.at[jnp.where(pilot_buffer.valid, pilot_buffer.prompt_id, avail.shape[0])].set(False, mode="drop")
+def _available(t: StepTable, held):
+    """Prompts not used this step, not evicted, not ``held`` in a policy's queue: bool [P]."""
+    return ~t.evicted & ~t.used & ~held
 
 
 def take_rows(t: StepTable, q: GroupQueue, k, priority, status, chunk_of, **fields):

@@ -58,6 +58,10 @@ class RunCheckpointer:
     def all_steps(self) -> list[int]:
         return list(self._manager.all_steps())
 
+    def saved_structure(self, step: int) -> Any:
+        """The tree of checkpoint ``step``'s state as saved (array metadata; no array is read)."""
+        return self._manager.item_metadata(step)["state"]
+
     def save(self, step: int, state: Any, meta: dict) -> None:
         """Save ``state`` (a pytree of arrays) and ``meta`` (JSON-serialisable) as checkpoint ``step``."""
         self._manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),

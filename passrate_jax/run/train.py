@@ -212,7 +212,10 @@ class Checkpoints:
                                                     "useful_total": state.useful_total, "store": backend.to_json()})
 
     def restore(self, like: RunState, backend) -> RunState:
-        """The latest checkpoint, into the structure and shardings of ``like``; loads the trajectories."""
+        """The latest checkpoint, into the structure and shardings of ``like``; loads the trajectories.
+        Raises :class:`ConfigError` if the checkpoint keeps the allocator state in another layout."""
+        check_allocator_layout(self.ckpt.saved_structure(self.resume_from), like.alloc_state,
+                               f"{self.run_dir} (checkpoint of step {self.resume_from})")
         arrays, meta = self.ckpt.restore(self.resume_from, like.arrays())
         backend.load_json(meta["store"])
         ref = arrays.get("ref_params")
@@ -224,6 +227,17 @@ class Checkpoints:
 
     def close(self) -> None:
         self.ckpt.close()
+
+
+def check_allocator_layout(saved: Any, state: AllocatorState, where: str) -> None:
+    """Raise :class:`ConfigError` (one line) unless the allocator arrays of a checkpoint (``saved``: its
+    state tree as saved) are those of ``state``: a version that keeps the allocator state in another
+    layout (e.g. before each policy owned its queues) saved it, and it cannot be resumed."""
+    saved_keys, keys = set(saved.get("allocator", {})), set(state_to_dict(state))
+    if saved_keys != keys:
+        differ = sorted(saved_keys ^ keys)
+        raise ConfigError(f"{where} keeps the allocator state in another layout, saved by another version "
+                          f"({len(differ)} arrays differ, e.g. {differ[0]}); it cannot be resumed: use another --run-dir")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -26,13 +26,14 @@ only the pool's [S]-sized bookkeeping, not a machine round.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
 from flax import struct
 
 from passrate_jax.allocation.machine import (begin_step, finish_step, observe_event, observe_round, plan_event,
-                                             plan_round)
+                                             plan_round, step_carry, with_step_carry)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,8 +161,7 @@ def run_step_events(setup, knobs, state, outcomes, lengths_of, timing: Timing):
     for :func:`~passrate_jax.allocation.machine.run_step`; ``lengths_of(t, rewards) -> int32 [G, N]`` the
     tokens of each row's rollouts. Returns (state, table, counters dict of int32 scalars)."""
     state, t = begin_step(setup, knobs, state)
-    with_queues = lambda qs: state.replace(pilot_buffer=qs[0], replay_queue=qs[1], surplus=qs[2])  # noqa: E731
-    queues_of = lambda st: (st.pilot_buffer, st.replay_queue, st.surplus)  # noqa: E731
+    with_queues = functools.partial(with_step_carry, state)
 
     def issue(st, t, f, p):
         st, t, chunk = plan_event(setup, knobs, st, t)
@@ -191,12 +191,12 @@ def run_step_events(setup, knobs, state, outcomes, lengths_of, timing: Timing):
         queues, t, f, p = carry
         f, p = chunks_until_event(f, p)
         st, t, f, p = jax.lax.cond(ready(f) > 0, observe, lambda *a: a, with_queues(queues), t, f, p)
-        return queues_of(st), t, f, p
+        return step_carry(st), t, f, p
 
     f, p = _empty(t.capacity, setup.N, timing.slots)
     st, t, f, p = issue(state, t, f, p)
     queues, t, f, p = jax.lax.while_loop(
-        lambda c: ~c[1].done & (c[3].chunks < timing.max_chunks) & (c[3].stuck == 0), body, (queues_of(st), t, f, p))
+        lambda c: ~c[1].done & (c[3].chunks < timing.max_chunks) & (c[3].stuck == 0), body, (step_carry(st), t, f, p))
     occupied = p.seq_s >= 0
     counters = {"chunks": p.chunks, "slot_steps": p.slot_steps, "live_steps": p.live_steps,
                 "aborted": jnp.sum(_queued(f)) + jnp.sum(occupied),
@@ -220,7 +220,7 @@ def run_step_rounds(setup, knobs, state, outcomes, lengths_of, timing: Timing):
     calls) that also counts each round's sampler call: bucket(rows) x (longest answer - 1) slot-steps,
     sum(L - 1) live. Returns (state, table, counters dict of int32 scalars)."""
     state, t = begin_step(setup, knobs, state)
-    with_queues = lambda qs: state.replace(pilot_buffer=qs[0], replay_queue=qs[1], surplus=qs[2])  # noqa: E731
+    with_queues = functools.partial(with_step_carry, state)
 
     def body(carry):
         queues, t, cost = carry
@@ -233,10 +233,10 @@ def run_step_rounds(setup, knobs, state, outcomes, lengths_of, timing: Timing):
         call = jnp.where(rows > 0, row_bucket(rows, timing.row_buckets) * jnp.max(steps), 0)
         cost = cost + jnp.stack([call, jnp.sum(steps), (rows > 0).astype(jnp.int32)])
         st, t = observe_round(setup, knobs, st, t, rewards, observed)
-        return (st.pilot_buffer, st.replay_queue, st.surplus), t, cost
+        return step_carry(st), t, cost
 
     queues, t, cost = jax.lax.while_loop(lambda c: ~c[1].done, body,
-                                         ((state.pilot_buffer, state.replay_queue, state.surplus), t,
+                                         (step_carry(state), t,
                                           jnp.zeros((3,), jnp.int32)))
     state, t = finish_step(setup, knobs, with_queues(queues), t)
     zero = jnp.zeros((), jnp.int32)

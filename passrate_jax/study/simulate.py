@@ -16,7 +16,7 @@ draws in place of the sampler, in each rollout mode of ``sim.engine`` (:mod:`.si
 mode, or the slot engine's event loop (``sampling.slots`` slots, chunks of ``sampling.chunk_tokens``),
 both counting the decode slot-steps the device would spend. A simulated step is pure: the steps run
 under ``jax.lax.scan``, the seeds (``sim.seeds``) under ``jax.vmap``, and every method on one setup (a
-:class:`~passrate_jax.allocation.policies.Family` of the policies, the method a knob): one compile per
+:class:`~passrate_jax.allocation.family.Family` of the policies, the method a knob): one compile per
 mode. A sweep (:mod:`.sweep`) vmaps a grid of thresholds and controller gains over the method's own
 setup. Overrides ``sim.<field>=value`` set :class:`SimulatorConfig`; ``allocation.*``,
 ``prefix_sampling.*`` and ``sampling.*`` set the baseline every method starts from.
@@ -36,9 +36,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from passrate_jax.allocation.allocator import Allocator
+from passrate_jax.allocation.allocator import Allocator, init_state, make_setup
 from passrate_jax.allocation.config import AllocationConfig, PrefixSamplingConfig
-from passrate_jax.allocation.policies import Knobs, make_setup
+from passrate_jax.allocation.policies import Knobs
 from passrate_jax.allocation.table import ABANDONED, successes
 from passrate_jax.configlib import ConfigError, apply_overrides, build, option, read_preset, section
 from passrate_jax.sampling.config import SamplingConfig
@@ -230,13 +230,13 @@ def simulation(setup, world: World):
     return run
 
 
-def _seed_inputs(sim: SimulatorConfig, allocator: Allocator):
+def _seed_inputs(sim: SimulatorConfig, setup):
     """Per-seed arrays stacked on a leading axis: initial logits, world keys, allocator states."""
     seeds = range(sim.seed, sim.seed + sim.seeds)
     p0 = np.stack([population(sim, np.random.default_rng(s)) for s in seeds])
     logit0 = jnp.asarray(np.log(p0) - np.log1p(-p0), jnp.float32)
     keys = jnp.stack([jax.random.PRNGKey(10_000 + s) for s in seeds])
-    states = jax.tree.map(lambda *xs: jnp.stack(xs), *[allocator.init(jax.random.PRNGKey(s)) for s in seeds])
+    states = jax.tree.map(lambda *xs: jnp.stack(xs), *[init_state(setup, jax.random.PRNGKey(s)) for s in seeds])
     return logit0, keys, states
 
 
@@ -264,7 +264,7 @@ def prepare(name: str, sim: SimulatorConfig, alloc: AllocationConfig, ps: Prefix
             knobs: Knobs | None = None, world: World | None = None):
     """(jitted run, its arguments) for method ``name``; ``knobs`` (optional, some with leading grid
     axes) replaces the configs' thresholds and gains: a sweep. Without ``knobs`` every method runs on
-    one setup (a :class:`~passrate_jax.allocation.policies.Family` of the policies: one compile for
+    one setup (a :class:`~passrate_jax.allocation.family.Family` of the policies: one compile for
     all); a sweep runs on the method's own setup, whose table is sized for that method alone (uniform's
     grid is 40x cheaper per step than on the family's table) and which draws the same numbers. ``world``:
     the rollout mode and time model (default: round mode, sampling's defaults)."""
@@ -273,7 +273,7 @@ def prepare(name: str, sim: SimulatorConfig, alloc: AllocationConfig, ps: Prefix
     setup = make_setup(cfg, pcfg, sim.num_prompts, family=True) if knobs is None else allocator.setup
     rank, knob_axes = (0, None) if knobs is None else grid_axes(knobs, allocator.knobs)
     run = _runner(setup, world or make_world(sim, None), rank, knob_axes)
-    return run, (allocator.knobs if knobs is None else knobs, *_seed_inputs(sim, allocator))
+    return run, (allocator.knobs if knobs is None else knobs, *_seed_inputs(sim, setup))
 
 
 def run_method(name: str, sim: SimulatorConfig, alloc: AllocationConfig, ps: PrefixSamplingConfig,
