@@ -71,7 +71,8 @@ def run_one(method: str, engine: str, seed: int, steps: int, extra: list[str]) -
             "s_per_rollout": seconds / max(spent, 1), "rollout_s_per_step": seconds / max(len(records), 1),
             "rollouts_per_step": spent / max(len(records), 1), "sampler_calls_per_step": mean("sampler_calls"),
             "slot_utilization": mean("slot_utilization"), "aborted_per_step": mean("rollouts/aborted"),
-            "wasted_tokens_per_step": mean("tokens/wasted"), "trained_length": float(np.nanmean(lengths[1:])),
+            "wasted_tokens_per_step": mean("tokens/wasted"), "speculative_per_step": mean("rollouts/speculative"),
+            "speculative_unused_per_step": mean("rollouts/speculative_unused"), "trained_length": float(np.nanmean(lengths[1:])),
             "valid_group_fraction": mean("valid_group_fraction"), "wall_s": wall}
 
 

@@ -3,7 +3,8 @@ without a model: a fake slot stream whose rollouts have given lengths and reward
 
 - Every answer the same length and a chunk at least that long: each round retires in one event, so the
   engine makes exactly round mode's decisions, for every method (trained groups, rollouts spent,
-  rounds, abandoned prompts, and the allocator state carried to the next step).
+  rounds, abandoned prompts, and the allocator state carried to the next step), fresh groups started
+  ahead of their requests (rollout/ahead.py) included.
 - No length bias: with short answers right and long answers wrong, DS in the engine trains exactly
   round mode's groups (the first B valid groups in opening order), not those that finish first.
 """
@@ -70,12 +71,19 @@ class FakeStream:
                     self.occupant[slot] = None
         return out
 
+    @property
+    def free(self):
+        return sum(o is None for o in self.occupant) - len(self.queue)
+
+    def length(self, rollout):
+        return self.backend.length(rollout)
+
     def abort(self):
-        n = len(self.queue) + sum(o is not None for o in self.occupant)
+        dropped = [(q[0], 0) for q in self.queue] + [(o[0][0], o[1]) for o in self.occupant if o is not None]
         self.queue.clear()
         self.occupant = [None] * len(self.occupant)
         self.harvests.clear()
-        return n, 0
+        return dropped
 
     def counters(self):
         return {"sampler_calls": self.chunks}
@@ -84,8 +92,8 @@ class FakeStream:
 class FakeBackend:
     """Rollouts are (group key, prompt, index, seed); ``length(rollout)`` tokens each; reward :func:`reward_of`."""
 
-    def __init__(self, length, slots: int = 100_000, chunk: int = 8):
-        self.length, self.slots, self.chunk = length, slots, chunk
+    def __init__(self, length, slots: int = 100_000, chunk: int = 8, lookahead: int = 32):
+        self.length, self.slots, self.chunk, self.lookahead = length, slots, chunk, lookahead
         self.trained_lengths = []
 
     def open_step(self, params):
@@ -106,6 +114,9 @@ class FakeBackend:
                 "truncated": np.zeros(len(flat), bool), "verifier_error": np.zeros(len(flat), bool)}
 
     def record(self, requests, rollouts, scores):
+        pass
+
+    def discard(self, keys):
         pass
 
     def metrics(self, table):
@@ -155,6 +166,11 @@ METHODS = {
 }
 
 
+# Methods whose later rounds open fresh prompts the machine predicted (their keys not taken by a commit
+# or a replay first), on these prompts and seeds.
+GUESSES_CLAIMED = ("sara_fill", "sara_fixed", "ps_on_top_sara")
+
+
 @pytest.mark.parametrize("method", list(METHODS))
 def test_equal_lengths_make_round_mode_decisions(method):
     allocation, ps = METHODS[method]
@@ -165,6 +181,9 @@ def test_equal_lengths_make_round_mode_decisions(method):
         assert {k: v for k, v in e.items() if k != "engine"} == {k: v for k, v in r.items() if k != "engine"}
         assert e["engine"]["rollouts/aborted"] == 0  # rounds end together: nothing left in flight
     assert all(r["groups"] for r in rounds)
+    if method in GUESSES_CLAIMED:  # some requests were served by rollouts started ahead (rollout/ahead.py)
+        assert sum(e["engine"]["rollouts/speculative"] - e["engine"]["rollouts/speculative_unused"]
+                   for e in events) > 0
 
 
 @pytest.mark.parametrize("slots", [100_000, 24])

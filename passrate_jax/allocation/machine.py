@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 
 from passrate_jax.allocation.group_queue import queue_expire
-from passrate_jax.allocation.policies import Knobs, Setup, toward_b, trained_toward_b
+from passrate_jax.allocation.policies import Knobs, Setup, budget_left, toward_b, trained_toward_b
 from passrate_jax.allocation.prefix_control import prefix_control_update
 from passrate_jax.allocation.replay import open_replays, open_same_step, push_sources, source_rows
 from passrate_jax.allocation.selection import selection_update
@@ -106,6 +106,20 @@ def plan_event(setup: Setup, knobs: Knobs, state, t: StepTable):
     later plans do not request those rows again). Returns (state, table, chunk int32 [G]: the new requests)."""
     state, t = plan_round(setup, knobs, state, t)
     return state, t.replace(inflight=t.inflight + t.chunk, chunk=jnp.zeros_like(t.chunk)), t.chunk
+
+
+def lookahead(setup: Setup, knobs: Knobs, state, t: StepTable, m: int):
+    """The next ``m`` (static) fresh groups the policy would open, for the slot engine to start ahead of
+    the requests: (prompt int32 [m], key int32 [m], ok bool [m], chunk int32: the size of a fresh group's
+    first request, free int32: rollouts the budget has left). Each is the group's identity only if no
+    other row is opened first (a commit, a replay: then the host's guess misses and is discarded).
+    Predicted only under selection method none, where the step's prompt order does not depend on how many
+    a round opens (MoPPS / DPS choose among a pool sized by that number): else ``ok`` is all False."""
+    _, _, op = setup.policy.plan(setup, knobs, state, t)
+    at = t.cursor + jnp.arange(m)
+    prompt = t.order[jnp.minimum(at, t.order.shape[0] - 1)]
+    ok = (at < t.num_available) & (knobs.selection == 0) & ~t.done
+    return prompt, t.key_base + t.opened + jnp.arange(m, dtype=jnp.int32), ok, op.chunk, budget_left(knobs, t)
 
 
 def observe_event(setup: Setup, knobs: Knobs, state, t: StepTable, rewards, observed, rows):

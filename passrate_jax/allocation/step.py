@@ -7,8 +7,8 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from passrate_jax.allocation.machine import (begin_step, finish_step, observe_event, observe_round, plan_event,
-                                             plan_round)
+from passrate_jax.allocation.machine import (begin_step, finish_step, lookahead, observe_event, observe_round,
+                                             plan_event, plan_round)
 from passrate_jax.allocation.policies import Knobs, Setup
 from passrate_jax.allocation.protocol import AllocatorState, Prefix, Request, Result, StepResult, TrainGroup
 from passrate_jax.allocation.table import ABANDONED, successes
@@ -20,6 +20,7 @@ _observe = jax.jit(observe_round, static_argnums=0)
 _finish = jax.jit(finish_step, static_argnums=0)
 _plan_event = jax.jit(plan_event, static_argnums=0)
 _observe_event = jax.jit(observe_event, static_argnums=0)
+_lookahead = jax.jit(lookahead, static_argnums=(0, 4))
 
 
 def _prefix(t, g: int) -> Prefix | None:
@@ -89,6 +90,17 @@ class StepRun:
             self.outstanding[req.group_key] = (-1, req)  # rows move as others close: found by key when observed
             reqs.append(req)
         return reqs
+
+    def lookahead(self, m: int) -> tuple[list[Request], int]:
+        """Event mode: the first requests of the next ``m`` fresh groups the machine would open if nothing
+        else were opened first (see :func:`~.machine.lookahead`), and the rollouts its budget has left.
+        A guess: the host may start them ahead, and uses them only if the machine makes that request."""
+        if self.done:
+            return [], 0
+        prompt, key, ok, chunk, free = jax.device_get(
+            _lookahead(self.setup, self.knobs, self.state, self.table, m))
+        reqs = [Request(int(key[j]), int(prompt[j]), int(chunk), 0) for j in np.nonzero(ok)[0]]
+        return reqs, int(free)
 
     def observe_some(self, results: list[Result]) -> None:
         """Event mode: observe these outstanding requests (one event; the others stay in flight), then decide."""
