@@ -79,7 +79,8 @@ class FakeStream:
         return self.backend.length(rollout)
 
     def abort(self):
-        dropped = [(q[0], 0) for q in self.queue] + [(o[0][0], o[1]) for o in self.occupant if o is not None]
+        dropped = [(q[0], q[1], 0) for q in self.queue] + [(o[0][0], o[0][1], o[1]) for o in self.occupant
+                                                           if o is not None]
         self.queue.clear()
         self.occupant = [None] * len(self.occupant)
         self.harvests.clear()
@@ -166,9 +167,9 @@ METHODS = {
 }
 
 
-# Methods whose later rounds open fresh prompts the machine predicted (their keys not taken by a commit
-# or a replay first), on these prompts and seeds.
-GUESSES_CLAIMED = ("sara_fill", "sara_fixed", "ps_on_top_sara")
+# Methods whose later requests were served by guesses (the rest of an opened group, a commit of a pilot,
+# a fresh group the machine predicted), on these prompts and seeds.
+GUESSES_CLAIMED = ("sara_fill", "sara_fixed", "ps_on_top_sara", "pilot_commit", "pilot_commit_budgeted")
 
 
 @pytest.mark.parametrize("method", list(METHODS))

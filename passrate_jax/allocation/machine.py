@@ -109,17 +109,30 @@ def plan_event(setup: Setup, knobs: Knobs, state, t: StepTable):
 
 
 def lookahead(setup: Setup, knobs: Knobs, state, t: StepTable, m: int):
-    """The next ``m`` (static) fresh groups the policy would open, for the slot engine to start ahead of
-    the requests: (prompt int32 [m], key int32 [m], ok bool [m], chunk int32: the size of a fresh group's
-    first request, free int32: rollouts the budget has left). Each is the group's identity only if no
-    other row is opened first (a commit, a replay: then the host's guess misses and is discarded).
-    Predicted only under selection method none, where the step's prompt order does not depend on how many
-    a round opens (MoPPS / DPS choose among a pool sized by that number): else ``ok`` is all False."""
+    """What the slot engine may start ahead of the requests (guesses: the host uses one only when the
+    machine makes exactly that request). Returns a dict of arrays:
+
+    - the rest of each group already opened (``key``, ``prompt``, ``first``: the first index not yet
+      requested, ``ok``): pending fresh rows of the table, then the pilot buffer (a commit continues a
+      pilot under its key), rows [G + C];
+    - the next ``m`` (static) fresh groups the policy would open (``fresh_prompt``, ``fresh_key``,
+      ``fresh_ok``, [m]; ``chunk``: a fresh group's first request): the step's prompt order is fixed and a
+      new group takes the next unused key. Predicted only under selection method none (MoPPS / DPS
+      choose among a pool sized by how many a round opens);
+    - ``free``: rollouts the budget has left.
+    """
     _, _, op = setup.policy.plan(setup, knobs, state, t)
     at = t.cursor + jnp.arange(m)
-    prompt = t.order[jnp.minimum(at, t.order.shape[0] - 1)]
-    ok = (at < t.num_available) & (knobs.selection == 0) & ~t.done
-    return prompt, t.key_base + t.opened + jnp.arange(m, dtype=jnp.int32), ok, op.chunk, budget_left(knobs, t)
+    buf = state.pilot_buffer
+    first = t.n + t.inflight + t.chunk
+    return {"key": jnp.concatenate([t.key, buf.group_key]), "prompt": jnp.concatenate([t.prompt, buf.prompt_id]),
+            "first": jnp.concatenate([first, buf.n]),
+            "ok": jnp.concatenate([pending(t) & (t.bucket < 0) & (first < setup.N), buf.valid & (buf.n < setup.N)])
+            & ~t.done,
+            "fresh_prompt": t.order[jnp.minimum(at, t.order.shape[0] - 1)],
+            "fresh_key": t.key_base + t.opened + jnp.arange(m, dtype=jnp.int32),
+            "fresh_ok": (at < t.num_available) & (knobs.selection == 0) & ~t.done,
+            "chunk": op.chunk, "free": budget_left(knobs, t)}
 
 
 def observe_event(setup: Setup, knobs: Knobs, state, t: StepTable, rewards, observed, rows):

@@ -92,15 +92,19 @@ class StepRun:
         return reqs
 
     def lookahead(self, m: int) -> tuple[list[Request], int]:
-        """Event mode: the first requests of the next ``m`` fresh groups the machine would open if nothing
-        else were opened first (see :func:`~.machine.lookahead`), and the rollouts its budget has left.
-        A guess: the host may start them ahead, and uses them only if the machine makes that request."""
+        """Event mode: requests the machine may make later (see :func:`~.machine.lookahead`): the rest of
+        each group already opened, then the first requests of the next ``m`` fresh groups; and the
+        rollouts its budget has left. Guesses: the host may start them ahead and uses one only if the
+        machine makes that very request."""
         if self.done:
             return [], 0
-        prompt, key, ok, chunk, free = jax.device_get(
-            _lookahead(self.setup, self.knobs, self.state, self.table, m))
-        reqs = [Request(int(key[j]), int(prompt[j]), int(chunk), 0) for j in np.nonzero(ok)[0]]
-        return reqs, int(free)
+        a = jax.device_get(_lookahead(self.setup, self.knobs, self.state, self.table, m))
+        n = self.setup.N
+        reqs = [Request(int(a["key"][g]), int(a["prompt"][g]), n - int(a["first"][g]), int(a["first"][g]))
+                for g in np.nonzero(a["ok"])[0]]
+        reqs += [Request(int(a["fresh_key"][j]), int(a["fresh_prompt"][j]), int(a["chunk"]), 0)
+                 for j in np.nonzero(a["fresh_ok"])[0]]
+        return reqs, int(a["free"])
 
     def observe_some(self, results: list[Result]) -> None:
         """Event mode: observe these outstanding requests (one event; the others stay in flight), then decide."""

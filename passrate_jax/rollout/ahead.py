@@ -31,7 +31,6 @@ class Flight:
     started: bool  # False: the backend could not start it (not observed; retires at once)
     rollouts: dict[int, object] = dataclasses.field(default_factory=dict)   # sample index -> rollout
     scores: dict[int, dict] = dataclasses.field(default_factory=dict)       # sample index -> {column: value}
-    claimed: bool = True  # a guess: False until the machine makes its request
 
     @property
     def complete(self) -> bool:
@@ -45,73 +44,107 @@ class AheadTag:
 
 
 class Ahead:
-    """One step's guesses. ``top_up`` starts new ones into free slots; ``claim`` hands the machine's
-    request the guess it matches; ``flight_of`` routes a harvested rollout; ``finish`` discards the rest."""
+    """One step's guesses, each a request the machine may make (``StepRun.lookahead``). ``top_up``
+    starts new ones into free slots; ``claim`` serves a request from the guesses covering it;
+    ``wanted`` / ``deliver`` file a harvested rollout; ``finish`` drops the rest."""
 
     def __init__(self, backend, stream, window: int):
         self.backend, self.stream, self.window = backend, stream, int(window)
-        self.by_key: dict[int, tuple[AheadTag, Flight]] = {}   # guesses not yet claimed, by group key
-        self.by_tag: dict[AheadTag, Flight] = {}                # every live guess, claimed or not
+        self.guesses: dict[int, list[tuple[AheadTag, Flight]]] = {}  # group key -> its live guesses
+        self.by_tag: dict[AheadTag, Flight] = {}
+        self.owner: dict[tuple[int, int], Flight] = {}  # (group key, index) claimed -> the request's flight
+        self.key_of: dict[AheadTag, int] = {}  # every guess's group key, dropped or not
         self._serial = itertools.count()
         self.started = self.used = self.unused = self.wasted_tokens = 0
 
     def top_up(self, run) -> None:
-        """Start the first requests of the next fresh groups the machine would open, while slots are free
-        and the budget has room for every guess not yet claimed."""
+        """Start guesses, in the machine's order, while slots are free and the budget has room for every
+        guessed rollout not yet claimed."""
         free = self.stream.free if self.window > 0 else 0
         if free <= 0:
             return
         guesses, budget = run.lookahead(self.window)
-        room = budget - sum(f.request.num_rollouts for _, f in self.by_key.values())
+        room = budget - self._unclaimed()
         for req in guesses:
-            held = self.by_key.get(req.group_key)
-            if held is not None and held[1].request == req:
+            if self._covers(req.group_key, req.prompt_id, range(req.first_index, req.first_index + req.num_rollouts)):
                 continue  # started already
             if req.num_rollouts > min(free, room):
-                break
-            if held is not None:  # the same key guessed for another prompt: the old guess is stale
-                self._drop(req.group_key)
+                continue
+            if any(f.request.prompt_id != req.prompt_id for _, f in self.guesses.get(req.group_key, ())):
+                self._drop(req.group_key)  # the key guessed for another prompt before: that guess is stale
             ctx = self.backend.contexts([req])[0]
             if ctx is None:
                 continue
             tag = AheadTag(next(self._serial))
-            flight = Flight(req, True, claimed=False)
-            self.by_key[req.group_key], self.by_tag[tag] = (tag, flight), flight
+            flight = self.by_tag[tag] = Flight(req, True)
+            self.key_of[tag] = req.group_key
+            self.guesses.setdefault(req.group_key, []).append((tag, flight))
             self.stream.add(ctx, tag)
             free, room, self.started = free - req.num_rollouts, room - req.num_rollouts, self.started + req.num_rollouts
 
     def claim(self, req: Request) -> Flight | None:
-        """The guess that is exactly ``req`` (now claimed), else None; a guess of ``req``'s key for
-        anything else is dropped (call before the backend builds ``req``'s context)."""
-        held = self.by_key.pop(req.group_key, None)
-        if held is None:
+        """A flight for ``req`` served by the guesses covering it (their finished rollouts copied in, the
+        rest delivered as they come), else None, and then every guess of ``req``'s key is dropped (call
+        before the backend builds ``req``'s context)."""
+        indices = range(req.first_index, req.first_index + req.num_rollouts)
+        if req.group_key not in self.guesses:
             return None
-        tag, flight = held
-        if flight.request != req:
-            self.by_key[req.group_key] = held
+        if req.prefix is not None or not self._covers(req.group_key, req.prompt_id, indices):
             self._drop(req.group_key)
             return None
-        flight.claimed = True
+        flight = Flight(req, True)
+        for _, guess in self.guesses[req.group_key]:
+            for i in indices:
+                if i in guess.rollouts:
+                    flight.rollouts[i], flight.scores[i] = guess.rollouts[i], guess.scores[i]
+        self.owner.update(((req.group_key, i), flight) for i in indices)
         self.used += req.num_rollouts
         return flight
 
-    def flight_of(self, tag) -> Flight | None:
-        """The guess a harvested rollout belongs to (None: a dropped guess's)."""
-        return self.by_tag.get(tag)
+    def wanted(self, tag: AheadTag, index: int) -> Flight | None:
+        """The live guess a harvested rollout belongs to, or (a dropped guess's) None when no request
+        claimed it: then it is counted unused here."""
+        guess = self.by_tag.get(tag)
+        if guess is None and not self.claimed(tag, index):
+            return None
+        return guess or self.owner[(self.key_of[tag], index)]
 
-    def unclaimed(self, tag) -> bool:
-        """A rollout the machine never asked for (aborted or harvested): a guess dropped or not claimed."""
-        flight = self.by_tag.get(tag)
-        return flight is None or not flight.claimed
+    def deliver(self, tag: AheadTag, index: int, rollout, score: dict) -> None:
+        """File a scored rollout of guess ``tag`` (and hand it to the request that claimed it)."""
+        if (guess := self.by_tag.get(tag)) is not None:
+            guess.rollouts[index], guess.scores[index] = rollout, score
+        if (owner := self.owner.get((self.key_of[tag], index))) is not None:
+            owner.rollouts[index], owner.scores[index] = rollout, score
+
+    def claimed(self, tag: AheadTag, index: int) -> bool:
+        return (self.key_of[tag], index) in self.owner
 
     def finish(self) -> None:
-        """The step is over: every guess not claimed is dropped."""
-        for key in list(self.by_key):
+        """The step is over: every guess is dropped (what no request claimed is counted unused)."""
+        for key in list(self.guesses):
             self._drop(key)
 
+    def _covers(self, key: int, prompt: int, indices) -> bool:
+        held = {i for _, f in self.guesses.get(key, ()) if f.request.prompt_id == prompt
+                for i in range(f.request.first_index, f.request.first_index + f.request.num_rollouts)}
+        return all(i in held for i in indices)
+
+    def _unclaimed(self) -> int:
+        return sum(1 for key, gs in self.guesses.items() for _, f in gs
+                   for i in range(f.request.first_index, f.request.first_index + f.request.num_rollouts)
+                   if (key, i) not in self.owner)
+
     def _drop(self, key: int) -> None:
-        tag, flight = self.by_key.pop(key)
-        del self.by_tag[tag]
-        self.unused += len(flight.rollouts)
-        self.wasted_tokens += sum(self.stream.length(r) for r in flight.rollouts.values())
-        self.backend.discard([key])
+        """Forget ``key``'s guesses: their finished rollouts no request claimed are unused (their running
+        ones are counted when they come in or are aborted); the backend forgets the group unless a request
+        claimed part of it."""
+        any_claimed = False
+        for tag, f in self.guesses.pop(key):
+            del self.by_tag[tag]
+            for i, r in f.rollouts.items():
+                if (key, i) in self.owner:
+                    any_claimed = True
+                else:
+                    self.unused, self.wasted_tokens = self.unused + 1, self.wasted_tokens + self.stream.length(r)
+        if not any_claimed and not any(k == key for k, _ in self.owner):
+            self.backend.discard([key])

@@ -41,7 +41,7 @@ class RolloutStream(Protocol):
 
     ``add(context, tag)``: queue a context's rollouts. ``advance()``: run one chunk; returns the rollouts
     finished in the chunk before it as ``(tag, sample_index, rollout)`` (the rollout: what the backend's
-    ``score`` and ``record`` take). ``abort()``: drop what is queued or running, returns ``(tag, tokens)``
+    ``score`` and ``record`` take). ``abort()``: drop what is queued or running, returns ``(tag, index, tokens)``
     per rollout dropped. ``idle``: nothing queued, running or undelivered. ``free``: slots neither running
     nor claimed by the queue. ``length(rollout)``: its generated tokens. ``counters()``: ``sampler_calls``,
     ``slot_utilization``.
@@ -53,7 +53,7 @@ class RolloutStream(Protocol):
 
     def advance(self) -> list[tuple[object, int, object]]: ...
 
-    def abort(self) -> list[tuple[object, int]]: ...
+    def abort(self) -> list[tuple[object, int, int]]: ...
 
     def length(self, rollout) -> int: ...
 
@@ -115,8 +115,8 @@ def _abort(stream: RolloutStream, ahead: Ahead) -> dict:
     """End the step's decoding: what was requested and cut short is aborted; guesses never requested
     (dropped, harvested or still running) are unused. Both kinds' tokens are wasted."""
     aborted = wasted = 0
-    for tag, tokens in stream.abort():
-        if isinstance(tag, AheadTag) and ahead.unclaimed(tag):
+    for tag, index, tokens in stream.abort():
+        if isinstance(tag, AheadTag) and not ahead.claimed(tag, index):
             ahead.unused, ahead.wasted_tokens = ahead.unused + 1, ahead.wasted_tokens + tokens
         else:
             aborted, wasted = aborted + 1, wasted + tokens
@@ -131,7 +131,7 @@ def _score(backend: RolloutBackend, stream: RolloutStream, by_key: dict, ahead: 
     rollouts of a dropped guess are counted as unused and not scored."""
     groups: dict[object, list] = {}
     for tag, index, rollout in finished:
-        flight = ahead.flight_of(tag) if isinstance(tag, AheadTag) else by_key[tag]
+        flight = ahead.wanted(tag, index) if isinstance(tag, AheadTag) else by_key[tag]
         if flight is None:
             ahead.unused, ahead.wasted_tokens = ahead.unused + 1, ahead.wasted_tokens + stream.length(rollout)
             continue
@@ -141,10 +141,13 @@ def _score(backend: RolloutBackend, stream: RolloutStream, by_key: dict, ahead: 
     flights = [f for f, _ in groups.values()]
     scores = backend.score([f.request for f in flights], [[r for _, r in rs] for _, rs in groups.values()])
     pos = 0
-    for flight, rollouts in groups.values():
+    for tag, (flight, rollouts) in groups.items():
         for index, rollout in rollouts:
-            flight.rollouts[index] = rollout
-            flight.scores[index] = {name: column[pos] for name, column in scores.items()}
+            score = {name: column[pos] for name, column in scores.items()}
+            if isinstance(tag, AheadTag):
+                ahead.deliver(tag, index, rollout, score)
+            else:
+                flight.rollouts[index], flight.scores[index] = rollout, score
             pos += 1
 
 

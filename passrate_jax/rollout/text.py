@@ -303,7 +303,7 @@ class TextStream:
     def free(self) -> int:
         return self.pool.free
 
-    def abort(self) -> list[tuple[object, int]]:
+    def abort(self) -> list[tuple[object, int, int]]:
         return self.pool.abort()
 
     def length(self, rollout: Completion) -> int:

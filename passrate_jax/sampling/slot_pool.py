@@ -6,7 +6,7 @@
     while not pool.idle:
         for done in pool.advance():                                  # rollouts finished a chunk ago
             ...                                                      # score, decide, pool.add(...) more
-    dropped = pool.abort()                                           # the step is over: (tag, tokens) dropped
+    dropped = pool.abort()                                           # the step is over: (tag, index, tokens)
 
 ``advance`` starts queued rollouts in free slots (their contexts prefilled into the step's store if it
 does not hold them: one prefill per distinct context a step, as in round mode), dispatches one chunk of
@@ -170,13 +170,14 @@ class SlotPool:
 
     def abort(self) -> list[tuple[object, int]]:
         """End the step: drop queued and running rollouts (and finished ones not yet delivered).
-        Returns (tag, tokens it had generated) per rollout dropped."""
-        dropped = [(q.tag, 0) for q in self.queue]
+        Returns (tag, sample index, tokens it had generated) per rollout dropped."""
+        dropped = [(q.tag, q.sample_index, 0) for q in self.queue]
         while self._harvests:
-            dropped += [(f.tag, len(f.ids)) for f in self._read(*self._harvests.popleft())]
+            dropped += [(f.tag, f.sample_index, len(f.ids)) for f in self._read(*self._harvests.popleft())]
         if any(o is not None for o in self.occupant):
             length = np.asarray(jax.device_get(self.state.length_r))
-            dropped += [(o[0].tag, int(length[slot])) for slot, o in enumerate(self.occupant) if o is not None]
+            dropped += [(o[0].tag, o[0].sample_index, int(length[slot])) for slot, o in enumerate(self.occupant)
+                        if o is not None]
         self.queue.clear()
         self.occupant = [None] * self.engine.rows
         return dropped
