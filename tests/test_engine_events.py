@@ -96,6 +96,8 @@ class FakeBackend:
     def __init__(self, length, slots: int = 100_000, chunk: int = 8, lookahead: int = 32):
         self.length, self.slots, self.chunk, self.lookahead = length, slots, chunk, lookahead
         self.trained_lengths = []
+        self.recorded = set()  # group keys with trajectories recorded (the machine requested them)
+        self.discarded_recorded = set()  # of those, keys the event loop told the backend to forget
 
     def open_step(self, params):
         pass
@@ -115,10 +117,10 @@ class FakeBackend:
                 "truncated": np.zeros(len(flat), bool), "verifier_error": np.zeros(len(flat), bool)}
 
     def record(self, requests, rollouts, scores):
-        pass
+        self.recorded.update(r.group_key for r in requests)
 
     def discard(self, keys):
-        pass
+        self.discarded_recorded.update(set(keys) & self.recorded)
 
     def metrics(self, table):
         return {}
@@ -175,13 +177,16 @@ GUESSES_CLAIMED = ("sara_fill", "sara_fixed", "ps_on_top_sara", "pilot_commit", 
 @pytest.mark.parametrize("method", list(METHODS))
 def test_equal_lengths_make_round_mode_decisions(method):
     allocation, ps = METHODS[method]
+    rounds = run_steps(collect_rollouts, allocation, ps, FakeBackend(length=lambda rollout: 6, chunk=6))
     backend = FakeBackend(length=lambda rollout: 6, chunk=6)
-    rounds = run_steps(collect_rollouts, allocation, ps, backend)
     events = run_steps(collect_rollouts_events, allocation, ps, backend)
     for r, e in zip(rounds, events):
         assert {k: v for k, v in e.items() if k != "engine"} == {k: v for k, v in r.items() if k != "engine"}
         assert e["engine"]["rollouts/aborted"] == 0  # rounds end together: nothing left in flight
     assert all(r["groups"] for r in rounds)
+    # Only guesses never requested are forgotten: never a group the machine opened (e.g. a pilot kept for
+    # a later step's commit).
+    assert not backend.discarded_recorded
     if method in GUESSES_CLAIMED:  # some requests were served by rollouts started ahead (rollout/ahead.py)
         assert sum(e["engine"]["rollouts/speculative"] - e["engine"]["rollouts/speculative_unused"]
                    for e in events) > 0

@@ -54,6 +54,7 @@ class Ahead:
         self.by_tag: dict[AheadTag, Flight] = {}
         self.owner: dict[tuple[int, int], Flight] = {}  # (group key, index) claimed -> the request's flight
         self.key_of: dict[AheadTag, int] = {}  # every guess's group key, dropped or not
+        self.created: set[int] = set()  # fresh groups a guess made the backend hold (a new key each)
         self._serial = itertools.count()
         self.started = self.used = self.unused = self.wasted_tokens = 0
 
@@ -75,6 +76,8 @@ class Ahead:
             ctx = self.backend.contexts([req])[0]
             if ctx is None:
                 continue
+            if req.first_index == 0:
+                self.created.add(req.group_key)
             tag = AheadTag(next(self._serial))
             flight = self.by_tag[tag] = Flight(req, True)
             self.key_of[tag] = req.group_key
@@ -136,8 +139,9 @@ class Ahead:
 
     def _drop(self, key: int) -> None:
         """Forget ``key``'s guesses: their finished rollouts no request claimed are unused (their running
-        ones are counted when they come in or are aborted); the backend forgets the group unless a request
-        claimed part of it."""
+        ones are counted when they come in or are aborted); the backend forgets the group if a guess made it
+        (never a group opened by the machine: a pilot kept from an earlier step keeps its trajectories)
+        and no request claimed part of it."""
         any_claimed = False
         for tag, f in self.guesses.pop(key):
             del self.by_tag[tag]
@@ -146,5 +150,6 @@ class Ahead:
                     any_claimed = True
                 else:
                     self.unused, self.wasted_tokens = self.unused + 1, self.wasted_tokens + self.stream.length(r)
-        if not any_claimed and not any(k == key for k, _ in self.owner):
+        if key in self.created and not any_claimed and not any(k == key for k, _ in self.owner):
+            self.created.discard(key)
             self.backend.discard([key])
