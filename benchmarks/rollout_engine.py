@@ -3,6 +3,7 @@ calls per step, decode slot utilization, per method, in one process from one war
 
     python benchmarks/rollout_engine.py --json --set sampling.slots=64   # 5 methods x 2 engines, 4 steps, seed 0
     python benchmarks/rollout_engine.py --steps 6 --seeds 0 1 --methods grpo sara_fill --engines slots
+    python benchmarks/rollout_engine.py --json --config testbed --methods grpo   # varied answer lengths
 
 Each (method, engine, seed) is a short real training run (``train`` with ``configs/<preset>.yaml``,
 evaluation only at the ends, on 64 held-out prompts). A run's first step compiles, so it is left out:
@@ -33,6 +34,14 @@ from passrate_jax.run.metrics import read_jsonl  # noqa: E402
 
 PRESETS = {"grpo": "default", "ds": "ds", "sara_fill": "sara", "sara_fixed": "sara_fixed",
            "pilot_commit": "pilot_commit"}
+# Another base config (--config, e.g. testbed: the repair task, whose answer lengths vary, p90 / median
+# about 2.1) takes each method as the overrides its default preset makes.
+METHOD_OVERRIDES = {"grpo": [], "ds": ["allocation.method=ds"], "sara_fill": ["allocation.method=sara"],
+                    "sara_fixed": ["allocation.method=sara", "allocation.sara.mode=fixed_budget"],
+                    "pilot_commit": ["allocation.method=pilot_commit", "allocation.pilot_commit.mode=budgeted",
+                                     "allocation.pilot_commit.pilot_budget_fraction=0.5",
+                                     "allocation.pilot_commit.pilot_fraction=0.5",
+                                     "allocation.pilot_commit.p_low=0.25", "allocation.pilot_commit.p_high=0.25"]}
 ENGINES = ("rounds", "slots")
 
 
@@ -49,10 +58,13 @@ def _trained_lengths(store: list):
     return original, metrics
 
 
-def run_one(method: str, engine: str, seed: int, steps: int, extra: list[str]) -> dict:
+def run_one(method: str, engine: str, seed: int, steps: int, extra: list[str], base: str = "default") -> dict:
     overrides = [f"steps={steps}", f"seed={seed}", f"eval_every={steps}", "eval_samples=0", "data.eval_size=64",
                  "logging.tensorboard=false", f"sampling.engine={engine}", *extra]
-    cfg = load_config(os.path.join(ROOT, "configs", f"{PRESETS[method]}.yaml"), overrides)
+    preset = PRESETS[method] if base == "default" else base
+    if base != "default":
+        overrides = METHOD_OVERRIDES[method] + overrides
+    cfg = load_config(os.path.join(ROOT, "configs", f"{preset}.yaml"), overrides)
     lengths: list = []
     original, wrapped = _trained_lengths(lengths)
     train_module.rollout_metrics = wrapped
@@ -67,11 +79,15 @@ def run_one(method: str, engine: str, seed: int, steps: int, extra: list[str]) -
     spent = sum(r["rollouts_step"] for r in records)
     seconds = sum(r["time/rollout_s"] for r in records)
     mean = lambda key: float(np.mean([r[key] for r in records if key in r])) if records else float("nan")  # noqa: E731
-    return {"method": method, "engine": engine, "seed": seed, "steps_measured": len(records),
+    generated = sum(r["rollouts_step"] + r.get("rollouts/speculative_unused", 0) for r in records)
+    return {"method": method, "engine": engine, "seed": seed, "config": base, "steps_measured": len(records),
             "s_per_rollout": seconds / max(spent, 1), "rollout_s_per_step": seconds / max(len(records), 1),
-            "rollouts_per_step": spent / max(len(records), 1), "sampler_calls_per_step": mean("sampler_calls"),
+            "rollouts_per_step": spent / max(len(records), 1), "generated_per_step": generated / max(len(records), 1),
+            "sampler_calls_per_step": mean("sampler_calls"),
             "slot_utilization": mean("slot_utilization"), "aborted_per_step": mean("rollouts/aborted"),
-            "wasted_tokens_per_step": mean("tokens/wasted"), "trained_length": float(np.nanmean(lengths[1:])),
+            "wasted_tokens_per_step": mean("tokens/wasted"), "speculative_per_step": mean("rollouts/speculative"),
+            "speculative_unused_per_step": mean("rollouts/speculative_unused"),
+            "trained_length": float(np.nanmean(lengths[1:])),
             "valid_group_fraction": mean("valid_group_fraction"), "wall_s": wall}
 
 
@@ -95,6 +111,8 @@ def main(argv=None) -> int:
     p.add_argument("--engines", nargs="+", default=list(ENGINES), choices=list(ENGINES))
     p.add_argument("--steps", type=int, default=4, help="steps per run; step 1 (compiles) is not measured")
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
+    p.add_argument("--config", default="default", help="base config: default (each method's preset) or a file "
+                   "in configs/ (e.g. testbed: varied answer lengths) with each method's overrides")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--set", nargs="*", default=[], dest="overrides", metavar="KEY=VALUE",
                    help="config overrides for every run, e.g. --set sampling.slots=64")
@@ -103,7 +121,7 @@ def main(argv=None) -> int:
     for seed in args.seeds:
         for method in args.methods:
             for engine in args.engines:
-                rows.append(run_one(method, engine, seed, args.steps, args.overrides))
+                rows.append(run_one(method, engine, seed, args.steps, args.overrides, args.config))
                 print(json.dumps(rows[-1]), file=sys.stderr if args.json else sys.stdout, flush=True)
     result = {"command": "python benchmarks/rollout_engine.py " + " ".join(sys.argv[1:] if argv is None else argv),
               "runs": rows, "ratios": ratios(rows)}

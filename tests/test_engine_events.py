@@ -3,7 +3,8 @@ without a model: a fake slot stream whose rollouts have given lengths and reward
 
 - Every answer the same length and a chunk at least that long: each round retires in one event, so the
   engine makes exactly round mode's decisions, for every method (trained groups, rollouts spent,
-  rounds, abandoned prompts, and the allocator state carried to the next step).
+  rounds, abandoned prompts, and the allocator state carried to the next step), fresh groups started
+  ahead of their requests (rollout/ahead.py) included.
 - No length bias: with short answers right and long answers wrong, DS in the engine trains exactly
   round mode's groups (the first B valid groups in opening order), not those that finish first.
 """
@@ -70,12 +71,20 @@ class FakeStream:
                     self.occupant[slot] = None
         return out
 
+    @property
+    def free(self):
+        return sum(o is None for o in self.occupant) - len(self.queue)
+
+    def length(self, rollout):
+        return self.backend.length(rollout)
+
     def abort(self):
-        n = len(self.queue) + sum(o is not None for o in self.occupant)
+        dropped = [(q[0], q[1], 0) for q in self.queue] + [(o[0][0], o[0][1], o[1]) for o in self.occupant
+                                                           if o is not None]
         self.queue.clear()
         self.occupant = [None] * len(self.occupant)
         self.harvests.clear()
-        return n, 0
+        return dropped
 
     def counters(self):
         return {"sampler_calls": self.chunks}
@@ -84,9 +93,11 @@ class FakeStream:
 class FakeBackend:
     """Rollouts are (group key, prompt, index, seed); ``length(rollout)`` tokens each; reward :func:`reward_of`."""
 
-    def __init__(self, length, slots: int = 100_000, chunk: int = 8):
-        self.length, self.slots, self.chunk = length, slots, chunk
+    def __init__(self, length, slots: int = 100_000, chunk: int = 8, lookahead: int = 32):
+        self.length, self.slots, self.chunk, self.lookahead = length, slots, chunk, lookahead
         self.trained_lengths = []
+        self.recorded = set()  # group keys with trajectories recorded (the machine requested them)
+        self.discarded_recorded = set()  # of those, keys the event loop told the backend to forget
 
     def open_step(self, params):
         pass
@@ -106,7 +117,10 @@ class FakeBackend:
                 "truncated": np.zeros(len(flat), bool), "verifier_error": np.zeros(len(flat), bool)}
 
     def record(self, requests, rollouts, scores):
-        pass
+        self.recorded.update(r.group_key for r in requests)
+
+    def discard(self, keys):
+        self.discarded_recorded.update(set(keys) & self.recorded)
 
     def metrics(self, table):
         return {}
@@ -155,16 +169,27 @@ METHODS = {
 }
 
 
+# Methods whose later requests were served by guesses (the rest of an opened group, a commit of a pilot,
+# a fresh group the machine predicted), on these prompts and seeds.
+GUESSES_CLAIMED = ("sara_fill", "sara_fixed", "ps_on_top_sara", "pilot_commit", "pilot_commit_budgeted")
+
+
 @pytest.mark.parametrize("method", list(METHODS))
 def test_equal_lengths_make_round_mode_decisions(method):
     allocation, ps = METHODS[method]
+    rounds = run_steps(collect_rollouts, allocation, ps, FakeBackend(length=lambda rollout: 6, chunk=6))
     backend = FakeBackend(length=lambda rollout: 6, chunk=6)
-    rounds = run_steps(collect_rollouts, allocation, ps, backend)
     events = run_steps(collect_rollouts_events, allocation, ps, backend)
     for r, e in zip(rounds, events):
         assert {k: v for k, v in e.items() if k != "engine"} == {k: v for k, v in r.items() if k != "engine"}
         assert e["engine"]["rollouts/aborted"] == 0  # rounds end together: nothing left in flight
     assert all(r["groups"] for r in rounds)
+    # Only guesses never requested are forgotten: never a group the machine opened (e.g. a pilot kept for
+    # a later step's commit).
+    assert not backend.discarded_recorded
+    if method in GUESSES_CLAIMED:  # some requests were served by rollouts started ahead (rollout/ahead.py)
+        assert sum(e["engine"]["rollouts/speculative"] - e["engine"]["rollouts/speculative_unused"]
+                   for e in events) > 0
 
 
 @pytest.mark.parametrize("slots", [100_000, 24])

@@ -28,8 +28,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from passrate_jax.allocation.group_queue import queue_expire
-from passrate_jax.allocation.policies import Knobs, Setup, toward_b, trained_toward_b
+from passrate_jax.allocation.group_queue import queue_expire, queue_init
+from passrate_jax.allocation.policies import Knobs, Setup, budget_left, toward_b, trained_toward_b
 from passrate_jax.allocation.prefix_control import prefix_control_update
 from passrate_jax.allocation.selection import selection_update
 from passrate_jax.allocation.table import (DROPPED, REJECTED, TRAINED, StepTable, close_rows, draw_thompson, observed,
@@ -92,6 +92,35 @@ def plan_event(setup: Setup, knobs: Knobs, state, t: StepTable):
     later plans do not request those rows again). Returns (state, table, chunk int32 [G]: the new requests)."""
     state, t = plan_round(setup, knobs, state, t)
     return state, t.replace(inflight=t.inflight + t.chunk, chunk=jnp.zeros_like(t.chunk)), t.chunk
+
+
+def lookahead(setup: Setup, knobs: Knobs, state, t: StepTable, m: int):
+    """What the slot engine may start ahead of the requests (guesses: the host uses one only when the
+    machine makes exactly that request). Returns a dict of arrays:
+
+    - the rest of each group already opened (``key``, ``prompt``, ``first``: the first index not yet
+      requested, ``ok``): pending fresh rows of the table, then the pilot buffer (a commit continues a
+      pilot under its key), rows [G + C];
+    - the next ``m`` (static) fresh groups the policy would open (``fresh_prompt``, ``fresh_key``,
+      ``fresh_ok``, [m]; ``chunk``: a fresh group's first request): the step's prompt order is fixed and a
+      new group takes the next unused key. Predicted only under selection method none (MoPPS / DPS
+      choose among a pool sized by how many a round opens);
+    - ``free``: rollouts the budget has left.
+    """
+    _, _, op = setup.policy.plan(setup, knobs, state, t)
+    at = t.cursor + jnp.arange(m)
+    # Only Pilot-Commit's policy holds a pilot buffer (a commit continues a pilot under its key).
+    buf = getattr(state.policy, "buffer", None)
+    buf = queue_init(0, setup.N) if buf is None else buf
+    first = t.n + t.inflight + t.chunk
+    return {"key": jnp.concatenate([t.key, buf.group_key]), "prompt": jnp.concatenate([t.prompt, buf.prompt_id]),
+            "first": jnp.concatenate([first, buf.n]),
+            "ok": jnp.concatenate([pending(t) & (t.bucket < 0) & (first < setup.N), buf.valid & (buf.n < setup.N)])
+            & ~t.done,
+            "fresh_prompt": t.order[jnp.minimum(at, t.order.shape[0] - 1)],
+            "fresh_key": t.key_base + t.opened + jnp.arange(m, dtype=jnp.int32),
+            "fresh_ok": (at < t.num_available) & (knobs.selection == 0) & ~t.done,
+            "chunk": op.chunk, "free": budget_left(knobs, t)}
 
 
 def observe_event(setup: Setup, knobs: Knobs, state, t: StepTable, rewards, observed, rows):

@@ -8,8 +8,8 @@ import jax
 import numpy as np
 
 from passrate_jax.allocation.group_queue import GroupQueue
-from passrate_jax.allocation.machine import (begin_step, finish_step, observe_event, observe_round, plan_event,
-                                             plan_round)
+from passrate_jax.allocation.machine import (begin_step, finish_step, lookahead, observe_event, observe_round,
+                                             plan_event, plan_round)
 from passrate_jax.allocation.policies import Knobs, Setup
 from passrate_jax.allocation.protocol import AllocatorState, Prefix, Request, Result, StepResult, TrainGroup
 from passrate_jax.allocation.table import ABANDONED, successes
@@ -21,6 +21,7 @@ _observe = jax.jit(observe_round, static_argnums=0)
 _finish = jax.jit(finish_step, static_argnums=0)
 _plan_event = jax.jit(plan_event, static_argnums=0)
 _observe_event = jax.jit(observe_event, static_argnums=0)
+_lookahead = jax.jit(lookahead, static_argnums=(0, 4))
 
 
 def _prefix(t, g: int) -> Prefix | None:
@@ -90,6 +91,21 @@ class StepRun:
             self.outstanding[req.group_key] = (-1, req)  # rows move as others close: found by key when observed
             reqs.append(req)
         return reqs
+
+    def lookahead(self, m: int) -> tuple[list[Request], int]:
+        """Event mode: requests the machine may make later (see :func:`~.machine.lookahead`): the rest of
+        each group already opened, then the first requests of the next ``m`` fresh groups; and the
+        rollouts its budget has left. Guesses: the host may start them ahead and uses one only if the
+        machine makes that very request."""
+        if self.done:
+            return [], 0
+        a = jax.device_get(_lookahead(self.setup, self.knobs, self.state, self.table, m))
+        n = self.setup.N
+        reqs = [Request(int(a["key"][g]), int(a["prompt"][g]), n - int(a["first"][g]), int(a["first"][g]))
+                for g in np.nonzero(a["ok"])[0]]
+        reqs += [Request(int(a["fresh_key"][j]), int(a["fresh_prompt"][j]), int(a["chunk"]), 0)
+                 for j in np.nonzero(a["fresh_ok"])[0]]
+        return reqs, int(a["free"])
 
     def observe_some(self, results: list[Result]) -> None:
         """Event mode: observe these outstanding requests (one event; the others stay in flight), then decide."""

@@ -95,8 +95,8 @@ class PromptArrays:
 class Counters:
     """The step's scalars and per-bucket sums.
 
-    count (live rows, packed at the front), opened (groups opened this step: the next new group's key is
-    key_base + opened), trained, spent (rollouts requested), rounds, done, overflow (groups that found no
+    count (live rows, packed at the front), opened (new group keys drawn this step: the next new
+    group's key is key_base + opened; a group taken from a queue keeps its key and draws none), trained, spent (rollouts requested), rounds, done, overflow (groups that found no
     free row: 0 unless a capacity is wrong; the host raises on it), replay_left (same-step Prefix Sampling:
     re-rollout groups the step may still open, their slots and rollouts held back from the policy; 0
     otherwise), event_wave (the round of the latest observation: the largest wave it observed; the next
@@ -262,15 +262,18 @@ def open_rows(t: StepTable, ok, prompt, status, chunk, **fields) -> StepTable:
     """Append the K candidate rows with ``ok`` True (bool [K]) after the used rows, in order.
 
     ``prompt``, ``chunk`` and any of the row fields in ``fields`` are [K] arrays or scalars; ``key``
-    defaults to a new key (key_base + the group's opening index this step). Rows past capacity are
-    dropped and counted in ``overflow`` (capacities are sized so that this never happens). Marks the
-    prompts used for this step.
+    defaults to a new key (key_base + the number of new keys drawn this step before it). A group given its
+    key (taken from a queue: a commit, a carried surplus group) draws none, so a fresh group's key does
+    not depend on how many such groups were taken before it (the slot engine predicts it,
+    machine.lookahead). Rows past capacity are dropped and counted in ``overflow`` (capacities are sized
+    so that this never happens). Marks the prompts used for this step.
     """
     g = t.capacity
     rank = jnp.cumsum(ok) - 1
     pos = t.count + rank
     idx = jnp.where(ok & (pos < g), pos, g)
     k = ok.shape[0]
+    new_keys = "key" not in fields
     fields = {"prompt": prompt, "status": status, "chunk": chunk,
               "key": fields.pop("key", t.key_base + t.opened + rank), **fields}
     updates = {}
@@ -280,7 +283,7 @@ def open_rows(t: StepTable, ok, prompt, status, chunk, **fields) -> StepTable:
         updates[name] = column.at[idx].set(value, mode="drop")
     opened = jnp.sum(ok & (pos < g)).astype(jnp.int32)
     used = t.used.at[jnp.where(ok, prompt, t.used.shape[0])].set(True, mode="drop")
-    return t.replace(**updates, count=t.count + opened, opened=t.opened + opened, used=used,
+    return t.replace(**updates, count=t.count + opened, opened=t.opened + (opened if new_keys else 0), used=used,
                      overflow=t.overflow + jnp.sum(ok).astype(jnp.int32) - opened)
 
 

@@ -30,8 +30,9 @@ from typing import Protocol
 
 import numpy as np
 
-from passrate_jax.allocation import Allocator, AllocatorState, Request
+from passrate_jax.allocation import Allocator, AllocatorState
 from passrate_jax.configlib import ConfigError
+from passrate_jax.rollout.ahead import Ahead, AheadTag, Flight
 from passrate_jax.rollout.loop import RolloutBackend, RolloutTable, StepRollouts, note_requests
 
 
@@ -40,37 +41,31 @@ class RolloutStream(Protocol):
 
     ``add(context, tag)``: queue a context's rollouts. ``advance()``: run one chunk; returns the rollouts
     finished in the chunk before it as ``(tag, sample_index, rollout)`` (the rollout: what the backend's
-    ``score`` and ``record`` take). ``abort()``: drop what is queued or running, returns (rollouts, tokens).
-    ``idle``: nothing queued, running or undelivered. ``counters()``: ``sampler_calls``, ``slot_utilization``.
+    ``score`` and ``record`` take). ``abort()``: drop what is queued or running, returns ``(tag, index, tokens)``
+    per rollout dropped. ``idle``: nothing queued, running or undelivered. ``free``: slots neither running
+    nor claimed by the queue. ``length(rollout)``: its generated tokens. ``counters()``: ``sampler_calls``,
+    ``slot_utilization``.
     """
     idle: bool
+    free: int
 
     def add(self, context, tag) -> None: ...
 
     def advance(self) -> list[tuple[object, int, object]]: ...
 
-    def abort(self) -> tuple[int, int]: ...
+    def abort(self) -> list[tuple[object, int, int]]: ...
+
+    def length(self, rollout) -> int: ...
 
     def counters(self) -> dict: ...
-
-
-@dataclasses.dataclass
-class _Flight:
-    """An issued request: its rollouts and per-rollout score rows as they come in."""
-    request: Request
-    started: bool  # False: the backend could not start it (not observed; retires at once)
-    rollouts: dict[int, object] = dataclasses.field(default_factory=dict)   # sample index -> rollout
-    scores: dict[int, dict] = dataclasses.field(default_factory=dict)       # sample index -> {column: value}
-
-    @property
-    def complete(self) -> bool:
-        return not self.started or len(self.scores) == self.request.num_rollouts
 
 
 def collect_rollouts_events(allocator: Allocator, state: AllocatorState, backend: RolloutBackend, params, *,
                             seed: int) -> StepRollouts:
     """Run one step's allocation on ``backend.stream(params, seed)`` (see the module docstring); returns
-    what :func:`~.loop.collect_rollouts` returns, with the engine's counters in ``engine``."""
+    what :func:`~.loop.collect_rollouts` returns, with the engine's counters in ``engine``. Fresh groups'
+    first requests are started ahead into free slots (:mod:`.ahead`; ``backend.lookahead`` groups at most,
+    0: none; ``backend.discard(keys)`` forgets a guess's trajectories)."""
     if not hasattr(backend, "stream"):
         raise ConfigError("sampling.engine = 'slots': this rollout backend (environments) runs in round mode "
                           "only; set sampling.engine=rounds")
@@ -80,29 +75,33 @@ def collect_rollouts_events(allocator: Allocator, state: AllocatorState, backend
     backend.open_step(params)
     try:
         stream = backend.stream(params, seed)
+        ahead = Ahead(backend, stream, getattr(backend, "lookahead", 0))
 
         def issue() -> None:
             requests = run.issue()
             note_requests(requests, opened, replay_buckets)
-            for req, ctx in zip(requests, backend.contexts(requests)):
-                order.append(flight := _Flight(req, ctx is not None))
+            claimed = [ahead.claim(req) for req in requests]
+            for req, ctx, guess in zip(requests, backend.contexts(requests), claimed):
+                order.append(flight := guess or Flight(req, ctx is not None))
                 by_key[req.group_key] = flight
-                if ctx is not None:
+                if ctx is not None and guess is None:
                     stream.add(ctx, tag=req.group_key)
+            ahead.top_up(run)
 
         issue()
         while not run.done:
-            _score(backend, by_key, stream.advance())
+            _score(backend, stream, by_key, ahead, stream.advance())
             retired = []
             while order and order[0].complete:
                 retired.append(order.popleft())
             if retired:
                 run.observe_some(_retire(backend, table, retired))
                 issue()
-            elif stream.idle:
+            else:
+                ahead.top_up(run)  # slots freed by the harvest: more guesses while the machine waits
+            if not retired and stream.idle:
                 raise RuntimeError("event loop: nothing in flight, yet the allocation step is not done")
-        aborted, wasted = stream.abort()
-        counters = {**stream.counters(), "rollouts/aborted": aborted, "tokens/wasted": wasted}
+        counters = {**stream.counters(), **_abort(stream, ahead)}
     finally:
         prefill = backend.close_step()
     result, new_state = run.finish(abort=True)
@@ -112,25 +111,47 @@ def collect_rollouts_events(allocator: Allocator, state: AllocatorState, backend
                         replay_buckets=replay_buckets)
 
 
-def _score(backend: RolloutBackend, by_key: dict, finished: Sequence[tuple]) -> None:
-    """Score one harvest in one verifier call (its requests' rollouts as they came, in slot order)."""
-    if not finished:
-        return
-    groups: dict[int, list] = {}
+def _abort(stream: RolloutStream, ahead: Ahead) -> dict:
+    """End the step's decoding: what was requested and cut short is aborted; guesses never requested
+    (dropped, harvested or still running) are unused. Both kinds' tokens are wasted."""
+    aborted = wasted = 0
+    for tag, index, tokens in stream.abort():
+        if isinstance(tag, AheadTag) and not ahead.claimed(tag, index):
+            ahead.unused, ahead.wasted_tokens = ahead.unused + 1, ahead.wasted_tokens + tokens
+        else:
+            aborted, wasted = aborted + 1, wasted + tokens
+    ahead.finish()
+    return {"rollouts/aborted": aborted, "tokens/wasted": wasted + ahead.wasted_tokens,
+            "rollouts/speculative": ahead.started, "rollouts/speculative_unused": ahead.unused}
+
+
+def _score(backend: RolloutBackend, stream: RolloutStream, by_key: dict, ahead: Ahead,
+           finished: Sequence[tuple]) -> None:
+    """Score one harvest in one verifier call (its requests' rollouts as they came, in slot order); the
+    rollouts of a dropped guess are counted as unused and not scored."""
+    groups: dict[object, list] = {}
     for tag, index, rollout in finished:
-        groups.setdefault(tag, []).append((index, rollout))
-    keys = list(groups)
-    scores = backend.score([by_key[k].request for k in keys], [[r for _, r in groups[k]] for k in keys])
+        flight = ahead.wanted(tag, index) if isinstance(tag, AheadTag) else by_key[tag]
+        if flight is None:
+            ahead.unused, ahead.wasted_tokens = ahead.unused + 1, ahead.wasted_tokens + stream.length(rollout)
+            continue
+        groups.setdefault(tag, (flight, []))[1].append((index, rollout))
+    if not groups:
+        return
+    flights = [f for f, _ in groups.values()]
+    scores = backend.score([f.request for f in flights], [[r for _, r in rs] for _, rs in groups.values()])
     pos = 0
-    for k in keys:
-        flight = by_key[k]
-        for index, rollout in groups[k]:
-            flight.rollouts[index] = rollout
-            flight.scores[index] = {name: column[pos] for name, column in scores.items()}
+    for tag, (flight, rollouts) in groups.items():
+        for index, rollout in rollouts:
+            score = {name: column[pos] for name, column in scores.items()}
+            if isinstance(tag, AheadTag):
+                ahead.deliver(tag, index, rollout, score)
+            else:
+                flight.rollouts[index], flight.scores[index] = rollout, score
             pos += 1
 
 
-def _retire(backend: RolloutBackend, table: RolloutTable, retired: Sequence[_Flight]) -> list:
+def _retire(backend: RolloutBackend, table: RolloutTable, retired: Sequence[Flight]) -> list:
     """Record retired requests (each rollout in its request's order) and return the machine's results."""
     live = [f for f in retired if f.started]
     rollouts = [[f.rollouts[f.request.first_index + j] for j in range(f.request.num_rollouts)] for f in live]

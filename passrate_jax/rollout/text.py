@@ -145,9 +145,9 @@ class TextRollouts(StepKV):
                  decode: Callable[[list[int]], str], verify: Callable[[list[int], list[str]], np.ndarray],
                  max_new_tokens: int, pad_id: int, newline_id: int | None = None, prefix_granularity: str = "tokens",
                  success_threshold: float = 0.5, width_buckets: Sequence[int] = WIDTH_BUCKETS,
-                 slots: int = 64, chunk_tokens: int = 8, longest_prompt: int = 1):
+                 slots: int = 64, chunk_tokens: int = 8, lookahead: int = 0, longest_prompt: int = 1):
         self.sampler, self.prompt_ids, self.decode, self.verify = sampler, prompt_ids, decode, verify
-        self.slots, self.chunk_tokens, self._engine = slots, chunk_tokens, None
+        self.slots, self.chunk_tokens, self.lookahead, self._engine = slots, chunk_tokens, lookahead, None
         # The engine's rows hold the longest prompt and a whole budget (a replayed prefix is part of it).
         self.row_length = longest_prompt + max_new_tokens
         self._decode_steps = (0, 0)  # the sampler's decode counters when the step opened
@@ -162,7 +162,7 @@ class TextRollouts(StepKV):
                    max_new_tokens=session.cfg.sampling.max_new_tokens, pad_id=session.tokenizer.pad_id,
                    newline_id=session.newline_id, prefix_granularity=session.cfg.prefix_sampling.granularity,
                    success_threshold=session.cfg.data.reward_threshold, slots=session.cfg.sampling.slots,
-                   chunk_tokens=session.cfg.sampling.chunk_tokens,
+                   chunk_tokens=session.cfg.sampling.chunk_tokens, lookahead=session.cfg.sampling.lookahead,
                    longest_prompt=max(map(len, session.prompt_tokens), default=1))
 
     # ------------------------------------------------------------------ a round
@@ -254,6 +254,11 @@ class TextRollouts(StepKV):
             self._engine = SlotEngine(self.sampler, rows=self.slots, chunk=self.chunk_tokens, length=length)
         return TextStream(self._engine.pool(self.step_store(params), seed=seed))
 
+    def discard(self, keys) -> None:
+        """Forget groups the slot engine started ahead of a request that never came (rollout/ahead.py)."""
+        for k in keys:
+            self.groups.pop(k, None)
+
     def response(self, group_key: int, index: int) -> list[int]:
         """Prefix + completion ids of one rollout: the whole response the verifier scores."""
         g = self.groups[group_key]
@@ -298,8 +303,15 @@ class TextStream:
     def advance(self) -> list[tuple[object, int, Completion]]:
         return [(f.tag, f.sample_index, Completion(f.ids, f.stopped)) for f in self.pool.advance()]
 
-    def abort(self) -> tuple[int, int]:
+    @property
+    def free(self) -> int:
+        return self.pool.free
+
+    def abort(self) -> list[tuple[object, int, int]]:
         return self.pool.abort()
+
+    def length(self, rollout: Completion) -> int:
+        return len(rollout.ids)
 
     def counters(self) -> dict:
         return {"sampler_calls": self.pool.chunks, "slot_utilization": self.pool.utilization}

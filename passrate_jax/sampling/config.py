@@ -40,6 +40,10 @@ class SamplingConfig:
     slots: int = option(64, ge=1, doc="slot engine: decode rows in the pool (fewer than a step's rollouts, so "
                                        "that finished rows are refilled from the queue)")
     chunk_tokens: int = option(8, ge=1, doc="slot engine: decode steps between harvests (k)")
+    lookahead: int = option(32, ge=0, doc="slot engine: fresh groups whose first request may be started ahead "
+                                          "into free slots, with the rest of the groups already opened, before "
+                                          "the allocation asks (used only if it asks exactly that; "
+                                          "docs/engine.md); 0: nothing is started ahead")
     generation_buckets: tuple[int, ...] = option(
         (64, 128, 256, 512, 1024, 2048), ge=1, doc="padding buckets for max new tokens (output buffer length)")
 

@@ -6,7 +6,7 @@
     while not pool.idle:
         for done in pool.advance():                                  # rollouts finished a chunk ago
             ...                                                      # score, decide, pool.add(...) more
-    aborted, wasted = pool.abort()                                   # the step is over: drop the rest
+    dropped = pool.abort()                                           # the step is over: (tag, index, tokens)
 
 ``advance`` starts queued rollouts in free slots (their contexts prefilled into the step's store if it
 does not hold them: one prefill per distinct context a step, as in round mode), dispatches one chunk of
@@ -163,22 +163,24 @@ class SlotPool:
             out += self._read(*self._harvests.popleft())
         return out
 
-    def abort(self) -> tuple[int, int]:
+    @property
+    def free(self) -> int:
+        """Slots neither running a rollout nor claimed by a queued one."""
+        return sum(o is None for o in self.occupant) - len(self.queue)
+
+    def abort(self) -> list[tuple[object, int]]:
         """End the step: drop queued and running rollouts (and finished ones not yet delivered).
-        Returns (rollouts dropped, tokens they had generated)."""
-        dropped = len(self.queue)
-        wasted = 0
+        Returns (tag, sample index, tokens it had generated) per rollout dropped."""
+        dropped = [(q.tag, q.sample_index, 0) for q in self.queue]
         while self._harvests:
-            for f in self._read(*self._harvests.popleft()):
-                dropped, wasted = dropped + 1, wasted + len(f.ids)
+            dropped += [(f.tag, f.sample_index, len(f.ids)) for f in self._read(*self._harvests.popleft())]
         if any(o is not None for o in self.occupant):
             length = np.asarray(jax.device_get(self.state.length_r))
-            for slot, o in enumerate(self.occupant):
-                if o is not None:
-                    dropped, wasted = dropped + 1, wasted + int(length[slot])
+            dropped += [(o[0].tag, o[0].sample_index, int(length[slot])) for slot, o in enumerate(self.occupant)
+                        if o is not None]
         self.queue.clear()
         self.occupant = [None] * self.engine.rows
-        return dropped, wasted
+        return dropped
 
     # ------------------------------------------------------------------ host steps
     def _start_queued(self) -> None:
