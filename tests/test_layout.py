@@ -1,7 +1,8 @@
 """The package's layering (docs/design.md section 3), measured by tools/import_graph.py: no import cycle,
-no import up the layers, no project module imported inside a function; and the measurement itself
-(levels and upward edges) against plain references on small graphs."""
+no import up the layers, no project module imported inside a function, no layer below run/ reading the
+run's session; and the measurement itself (levels and upward edges) against plain references on small graphs."""
 
+import ast
 import importlib.util
 import itertools
 import os
@@ -51,3 +52,36 @@ def test_an_edge_is_upward_exactly_when_it_climbs_the_layer_order():
     for (a, ra), (b, rb) in itertools.permutations(zip(order, ranks), 2):
         upward = import_graph.graph_numbers({a: {b}, b: set()})["upward_edges"]
         assert upward == ([f"{a} -> {b}"] if ra < rb else []), (a, b)
+
+
+# The layers below run/: a module here takes the parts it needs (a sampler, callables, numbers), never the run's Session.
+BELOW_RUN = ("rollout", "envs", "data", "sampling", "model", "rl", "allocation")
+
+
+def session_reads(source: str) -> list[int]:
+    """Lines of ``source`` that name a ``session``: a parameter, a variable or an attribute (strings and
+    docstrings aside)."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.arg) and node.arg.lower() == "session" \
+                or isinstance(node, ast.Name) and node.id.lower() == "session" \
+                or isinstance(node, ast.Attribute) and node.attr.lower() == "session":
+            lines.append(node.lineno)
+    return sorted(lines)
+
+
+def test_no_layer_below_run_reads_a_session():
+    assert session_reads("def f(session): return session.cfg") == [1, 1]
+    assert session_reads("x = self.session.sampler") == [1]
+    assert session_reads('def f(cfg):\n    """the session\'s cfg"""\n    return cfg') == []
+    found = {}
+    for package in BELOW_RUN:
+        for d, _, files in os.walk(os.path.join(ROOT, "passrate_jax", package)):
+            for name in sorted(files):
+                if name.endswith(".py"):
+                    path = os.path.join(d, name)
+                    with open(path) as f:
+                        lines = session_reads(f.read())
+                    if lines:
+                        found[os.path.relpath(path, ROOT)] = lines
+    assert found == {}, f"modules below run/ that read a session (build them from its parts in run/): {found}"

@@ -21,6 +21,19 @@ def load_run_params(run_dir: str, session, step: int | None = None):
     return step, jax.device_put(params, session.sampler.param_shardings)
 
 
+def open_run_at(run_dir: str, step: int | None = None, overrides=()):
+    """``(session, step, params)`` of ``run_dir`` (its config.yaml with ``overrides``, quiet) at checkpoint
+    ``step``: the latest by default; 0 is the run's warm start, trained (or loaded from its cache) here."""
+    from passrate_jax.run.config import load_config
+    from passrate_jax.run.session import Session
+    session = Session.create(load_config(os.path.join(run_dir, "config.yaml"), list(overrides)), log=lambda *a: None)
+    if step == 0:
+        session.warm_start(progress=False)
+        return session, 0, session.params
+    step, params = load_run_params(run_dir, session, step)
+    return session, step, params
+
+
 def add_subparsers(subparsers) -> None:
     p = subparsers.add_parser("eval", help="held-out accuracy and pass@k of a run's latest checkpoint, or on --data")
     p.add_argument("--run-dir", required=True)

@@ -18,20 +18,11 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from passrate_jax.allocation import Request, TrainGroup
-from passrate_jax.data.env_source import task_of
-from passrate_jax.envs import resolve_env
 from passrate_jax.envs.base import Environment, EnvTask
 from passrate_jax.envs.episodes import Rollout, Start, run_episodes
 from passrate_jax.envs.replay import Turn, TurnCodec, cut_turns, replay, trajectory_tokens, turn_ids
 from passrate_jax.rollout.text import WIDTH_BUCKETS, StepKV, pack_rows
 from passrate_jax.sampling.sampler import Sampler
-
-
-def limits(session) -> tuple[int, int, int]:
-    """(turn limit, tokens per turn, context length limit) of a session's episodes."""
-    env = resolve_env(session.cfg.data.env)
-    return (session.cfg.data.max_turns or env.max_turns, session.cfg.sampling.max_new_tokens,
-            session.sampler.model_cfg.max_position_embeddings)
 
 
 @dataclasses.dataclass
@@ -61,15 +52,6 @@ class EnvRollouts(StepKV):
         self.success_threshold = float(success_threshold)
         self.width_buckets = tuple(width_buckets)
         self.groups: dict[int, EnvGroup] = {}
-
-    @classmethod
-    def for_session(cls, session) -> EnvRollouts:
-        """The backend of a session's training pool."""
-        tasks = [task_of(r) for r in session.prompts]
-        max_turns, turn_tokens, max_len = limits(session)
-        return cls(resolve_env(session.cfg.data.env), tasks.__getitem__, session.prompt_ids,
-                   TurnCodec(session.tokenizer), session.sampler, max_turns=max_turns, max_len=max_len, turn_tokens=turn_tokens,
-                   pad_id=session.tokenizer.pad_id, success_threshold=session.cfg.data.reward_threshold)
 
     # ------------------------------------------------------------------ a round
     def contexts(self, requests: Sequence[Request]) -> list[Start | None]:

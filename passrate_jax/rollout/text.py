@@ -156,15 +156,6 @@ class TextRollouts(StepKV):
         self.success_threshold, self.width_buckets = float(success_threshold), tuple(width_buckets)
         self.groups: dict[int, TextGroup] = {}
 
-    @classmethod
-    def for_session(cls, session) -> TextRollouts:
-        return cls(session.sampler, session.prompt_ids, decode=session.decode, verify=session.verify,
-                   max_new_tokens=session.cfg.sampling.max_new_tokens, pad_id=session.tokenizer.pad_id,
-                   newline_id=session.newline_id, prefix_granularity=session.cfg.prefix_sampling.granularity,
-                   success_threshold=session.cfg.data.reward_threshold, slots=session.cfg.sampling.slots,
-                   chunk_tokens=session.cfg.sampling.chunk_tokens, lookahead=session.cfg.sampling.lookahead,
-                   longest_prompt=max(map(len, session.prompt_tokens), default=1))
-
     # ------------------------------------------------------------------ a round
     def contexts(self, requests: Sequence[Request]) -> list[Context]:
         """Sampler contexts for one round of requests. A group's randomness is keyed by its group key

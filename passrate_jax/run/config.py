@@ -368,6 +368,13 @@ def check_inputs(cfg: Config) -> None:
                                     f"directory {os.getcwd()!r})")
 
 
+def episode_limits(data: DataConfig, sampling: SamplingConfig, max_positions: int) -> tuple[int, int, int]:
+    """(turn limit, tokens per turn, context length limit) of an environment run's episodes:
+    ``data.max_turns`` (0: the environment's own), ``sampling.max_new_tokens``, and the model's position
+    limit ``max_positions``."""
+    return data.max_turns or resolve_env(data.env).max_turns, sampling.max_new_tokens, max_positions
+
+
 def dump_config(cfg: Config) -> str:
     """The resolved config as YAML."""
     return yaml.safe_dump(to_dict(cfg), sort_keys=False)

@@ -14,7 +14,7 @@ from passrate_jax.envs import resolve_env
 from passrate_jax.envs.base import Episode
 from passrate_jax.envs.episodes import Start, run_episodes
 from passrate_jax.envs.replay import TurnCodec
-from passrate_jax.rollout.env import limits
+from passrate_jax.run.config import episode_limits
 from passrate_jax.run.evaluate import EvalPrompt, evaluate, summarise
 
 
@@ -63,7 +63,8 @@ def _episode_successes(session, params, tasks, n: int, sampler_cfg, seed: int, b
     """Per held-out task, how many of its ``n`` episodes succeed (reward >= ``data.reward_threshold``),
     run ``batch_contexts`` episodes at a time."""
     env, codec = resolve_env(session.cfg.data.env), TurnCodec(session.tokenizer)
-    max_turns, turn_tokens, max_len = limits(session)
+    max_turns, turn_tokens, max_len = episode_limits(session.cfg.data, session.cfg.sampling,
+                                                     session.sampler.model_cfg.max_position_embeddings)
     out = np.zeros(len(tasks), int)
     per_chunk = max(1, batch_contexts // n)
     for lo in range(0, len(tasks), per_chunk):

@@ -11,6 +11,7 @@ import os
 import numpy as np
 from flax import nnx
 
+from passrate_jax.run.backends import env_backend, text_backend
 from passrate_jax.run.config import Config, check_inputs
 from passrate_jax.run.held_out import evaluate_session
 from passrate_jax.run.warm_start import warm_start
@@ -19,10 +20,8 @@ from passrate_jax.data.formatting import PromptFormat
 from passrate_jax.data.rewards import Rewarder
 from passrate_jax.data.configured import make_source
 from passrate_jax.data.sources import PromptRecord
-from passrate_jax.rollout.env import EnvRollouts
 from passrate_jax.rollout.loop import RolloutBackend
 from passrate_jax.model import create_model
-from passrate_jax.rollout.text import TextRollouts
 from passrate_jax.sampling.sampler import Sampler
 from passrate_jax.sharding import make_mesh
 from passrate_jax.text.tokenizer import load_tokenizer
@@ -135,8 +134,8 @@ class Session:
         """How this run's tasks are rolled out, scored and batched: text answers or the episodes of a
         multi-turn environment, chosen here from ``data.source``, once."""
         if self.cfg.data.source == "env":
-            return EnvRollouts.for_session(self)
-        return TextRollouts.for_session(self)
+            return env_backend(self)
+        return text_backend(self)
 
     def warm_start(self, progress: bool = True) -> dict | None:
         """The supervised warm start the config asks for (built-in tasks and environments); updates the
