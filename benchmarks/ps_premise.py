@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 
 import numpy as np
@@ -118,22 +117,15 @@ def main(argv=None) -> int:
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args(argv)
 
-    from passrate_jax.cli.commands import load_run_params
-    from passrate_jax.rollout.text import TextRollouts
-    from passrate_jax.run.config import load_config
-    from passrate_jax.run.session import Session
+    from passrate_jax.cli.commands import open_run_at
+    from passrate_jax.run.backends import text_backend
 
     t0 = time.perf_counter()
-    cfg = load_config(os.path.join(args.run_dir, "config.yaml"), args.overrides)
-    session = Session.create(cfg, log=lambda *a: None)
-    if args.step == 0:
-        session.warm_start(progress=False)
-        step, params = 0, session.params
-    else:
-        step, params = load_run_params(args.run_dir, session, args.step)
+    session, step, params = open_run_at(args.run_dir, args.step, args.overrides)
+    cfg = session.cfg
     pool = cfg.data.train_size
     prompts = np.random.default_rng(args.seed).choice(pool, size=min(args.prompts, pool), replace=False)
-    out = ps_premise(TextRollouts.for_session(session), params, prompts.tolist(), n=args.group_size,
+    out = ps_premise(text_backend(session), params, prompts.tolist(), n=args.group_size,
                      ratios=args.ratios, seed=args.seed)
     session.close()
     out = {"run_dir": args.run_dir, "step": step, "task": cfg.data.task, "prompts": len(prompts),

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 
 import numpy as np
 
@@ -77,17 +76,10 @@ def main(argv=None) -> int:
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args(argv)
 
-    from passrate_jax.cli.commands import load_run_params
-    from passrate_jax.run.config import load_config
-    from passrate_jax.run.session import Session
+    from passrate_jax.cli.commands import open_run_at
 
-    cfg = load_config(os.path.join(args.run_dir, "config.yaml"), args.overrides)
-    session = Session.create(cfg, log=lambda *a: None)
-    if args.step == 0:
-        session.warm_start(progress=False)
-        step, params = 0, session.params
-    else:
-        step, params = load_run_params(args.run_dir, session, args.step)
+    session, step, params = open_run_at(args.run_dir, args.step, args.overrides)
+    cfg = session.cfg
     greedy = session.evaluate(params, seed=cfg.seed, num_samples=0)
     stats = regime_stats(session, params, num_samples=args.num_samples, seed=cfg.seed)
     session.close()
