@@ -100,11 +100,13 @@ class PoolModel:
         return out
 
     def abort(self):
-        running = [o for o in self.occupant if o is not None]
-        aborted, wasted = len(self.queue) + len(running), sum(o["tokens"] for o in running)
+        """(tag, sample index, tokens generated) per rollout dropped, as ``SlotPool.abort`` returns them."""
+        dropped = [(q["out"][0], q["out"][1], 0) for q in self.queue]
+        dropped += [(o["out"][0], o["out"][1], o["tokens"]) for o in self.occupant if o is not None]
         self.queue.clear()
         self.occupant = [None] * len(self.occupant)
-        return aborted, wasted
+        self.pending.clear()
+        return dropped
 
     def counters(self):
         return {"chunks": self.chunks, "slot_steps": self.slot_steps, "live_steps": self.live_steps}
