@@ -22,6 +22,7 @@ from passrate_jax.allocation.config import (AllocationConfig, DSConfig, PilotCom
                                             SaraConfig, SelectionConfig)
 from passrate_jax.rollout.events import collect_rollouts_events
 from passrate_jax.rollout.loop import collect_rollouts
+from tests.fakes import PassThroughBackend, clean_scores
 
 PROMPTS = 96
 
@@ -90,7 +91,7 @@ class FakeStream:
         return {"sampler_calls": self.chunks}
 
 
-class FakeBackend:
+class FakeBackend(PassThroughBackend):
     """Rollouts are (group key, prompt, index, seed); ``length(rollout)`` tokens each; reward :func:`reward_of`."""
 
     def __init__(self, length, slots: int = 100_000, chunk: int = 8, lookahead: int = 32):
@@ -99,22 +100,12 @@ class FakeBackend:
         self.recorded = set()  # group keys with trajectories recorded (the machine requested them)
         self.discarded_recorded = set()  # of those, keys the event loop told the backend to forget
 
-    def open_step(self, params):
-        pass
-
-    def close_step(self):
-        return {}
-
-    def contexts(self, requests):
-        return list(requests)
-
     def generate(self, contexts, params, seed):
         return [[(r.group_key, r.prompt_id, r.first_index + j, seed) for j in range(r.num_rollouts)] for r in contexts]
 
     def score(self, requests, rollouts):
         flat = [x for rs in rollouts for x in rs]
-        return {"reward": np.array([reward_of(s, k, p, i) for k, p, i, s in flat], np.int64),
-                "truncated": np.zeros(len(flat), bool), "verifier_error": np.zeros(len(flat), bool)}
+        return clean_scores([reward_of(s, k, p, i) for k, p, i, s in flat])
 
     def record(self, requests, rollouts, scores):
         self.recorded.update(r.group_key for r in requests)

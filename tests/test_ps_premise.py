@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from passrate_jax.allocation.prefix_control import bucket_successes
+from tests.fakes import PassThroughBackend
 
 _spec = importlib.util.spec_from_file_location(
     "ps_premise_bench", pathlib.Path(__file__).parents[1] / "benchmarks" / "ps_premise.py")
@@ -23,7 +24,7 @@ class Answer(NamedTuple):
     success: bool
 
 
-class FakeModel:
+class FakeModel(PassThroughBackend):
     """A RolloutBackend whose outcomes are known: a fresh answer to prompt p succeeds with rates[p]; a
     continuation of a replayed prefix follows ``replay(source_success, ratio, rng)``. Answers are 10 tokens,
     a fifth of them 30 (a repair), so p90 / median = 3."""
@@ -31,15 +32,6 @@ class FakeModel:
     def __init__(self, rates, replay, seed=0):
         self.rates, self.replay, self.rng = rates, replay, np.random.default_rng(seed)
         self.outcomes: dict[tuple[int, int], bool] = {}
-
-    def open_step(self, params):
-        pass
-
-    def close_step(self):
-        return {}
-
-    def contexts(self, requests):
-        return list(requests)
 
     def generate(self, contexts, params, seed):
         out = []

@@ -25,6 +25,7 @@ from passrate_jax.study.sim_engine import Timing, run_step_events, run_step_roun
 from passrate_jax.study.simulate import SimulatorConfig, World, make_world, run_method
 from passrate_jax.study.lengths import LengthModel
 from passrate_jax.sampling.config import SamplingConfig
+from tests.fakes import PassThroughBackend, clean_scores
 
 
 def _stepper(run, allocator, timing):
@@ -112,25 +113,15 @@ class PoolModel:
         return {"chunks": self.chunks, "slot_steps": self.slot_steps, "live_steps": self.live_steps}
 
 
-class TableBackend:
+class TableBackend(PassThroughBackend):
     """Rollout (prompt, index) scores rewards[prompt, index] after lengths[prompt, index] tokens."""
 
     def __init__(self, rewards, lengths, slots, chunk):
         self.rewards, self.lengths, self.slots, self.chunk = rewards, lengths, slots, chunk
 
-    def open_step(self, params):
-        pass
-
-    def close_step(self):
-        return {}
-
-    def contexts(self, requests):
-        return list(requests)
-
     def score(self, requests, rollouts):
         flat = [x for rs in rollouts for x in rs]
-        return {"reward": np.array([self.rewards[p, i] for p, i in flat], np.int64),
-                "truncated": np.zeros(len(flat), bool), "verifier_error": np.zeros(len(flat), bool)}
+        return clean_scores([self.rewards[p, i] for p, i in flat])
 
     def record(self, requests, rollouts, scores):
         pass
