@@ -51,8 +51,7 @@ jax.config.update("jax_compilation_cache_max_size", int(os.environ["JAX_COMPILAT
 # ran alone), so the suite schedules its groups itself: by file, in GROUP_OF_FILE. A new test file that
 # uses one of these fixtures joins the fixture's group here. Every other file is a unit of its own.
 GROUP_OF_FILE = {"tests/test_as_shipped.py": "shipped_default",       # shipped_default_run
-                 "tests/test_presets_real.py": "warm_start",           # warm_start_cache
-                 "tests/test_sharding_loop.py": "warm_start"}
+                 "tests/test_sharding_loop.py": "warm_start"}           # warm_start_cache
 # Longest first: the units that take minutes are handed out before the rest, so the last minutes of a run
 # are spent on short files on both workers rather than one worker finishing the shipped run alone. xdist's
 # own reorder sorts by the number of tests, which put the shipped default (4 tests, about 6 minutes) last.
@@ -189,8 +188,8 @@ def hf_checkpoint(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def warm_start_cache(tmp_path_factory):
-    """One warm-start cache per test session: tests that warm-start the same model the same way
-    (test_presets_real.py, test_sharding_loop.py) train it once."""
+    """One warm-start cache per test session: the runs that warm-start the same model the same way
+    (test_sharding_loop.py's one-device and eight-device runs) train it once."""
     return tmp_path_factory.mktemp("warm_start_cache")
 
 

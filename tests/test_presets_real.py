@@ -1,11 +1,7 @@
 """The shipped presets on their real paths, shortened by overrides only: no verifier is replaced.
-(``configs/default.yaml`` as shipped, unshortened, is tests/test_as_shipped.py's.)
+(``configs/default.yaml`` as shipped, unshortened, is tests/test_as_shipped.py's; switched to SARA +
+adaptive Prefix Sampling and shortened, it is tests/test_sharding_loop.py's one-device reference run.)
 
-* ``configs/default.yaml`` switched to SARA + adaptive Prefix Sampling by its overrides
-  (``configs/ps_sara_dps.yaml``'s path without DPS), shortened (run length, a 200-step warm start, level 1
-  only (so no level weights) so that it gets some answers right, buffer lengths that fit level 1,
-  evaluation size): the built-in worked-arithmetic task with its exact verifier, the supervised warm
-  start, several allocation rounds and replayed prefixes a step, which the shipped GRPO run has not.
 * ``configs/qwen3_gsm8k.yaml`` as written (bfloat16, chat template, ``\\boxed{}`` extraction, math-verify
   in its process pool, SARA + DPS + PS, ``rl.grad_accum = 64``) on a tiny random Qwen3 checkpoint and a
   word-level tokenizer built here. Overridden: the paths, the run length, the evaluation size and
@@ -43,38 +39,6 @@ def write_tokenizer(directory, vocab_size: int, answer_words=tuple(str(d) for d 
 
 
 SHORT = ["steps=2", "eval_every=2", "logging.tensorboard=false", "logging.progress_bar=false"]
-# configs/default.yaml cut down to level 1 and a 200-step warm start, so that a short run gets some answers
-# right; level 1's worked answers are at most 23 characters, so the arithmetic format's shorter buffers fit
-# them and keep the compiles small. Shared with tests/test_sharding_loop.py.
-LEVEL_ONE = ["data.max_level=1", "data.level_weights=[]", "warm_start.level_weights=[]", "warm_start.steps=200",
-             "warm_start.max_len=48", "sampling.max_new_tokens=40"]
-
-
-def _short_default(tmp_path, warm_start_cache, overrides=()):
-    cfg = load_config("configs/default.yaml", SHORT + LEVEL_ONE + [
-        f"warm_start.cache_dir={warm_start_cache}", "data.eval_size=32", *overrides])
-    assert cfg.data.resolved_verifier == "task"
-    summary = train(cfg, str(tmp_path / "run"), progress=False, log=lambda *a: None)
-    records = read_jsonl(tmp_path / "run" / "metrics.jsonl")
-    assert [r["step"] for r in records] == [0, 1, 2] and summary["step"] == 2
-    steps = records[1:]
-    assert all(r["rollouts_step"] > 0 for r in steps)
-    # The warm start gets some answers right and some wrong: the verifier really decided.
-    assert 0 < np.mean([r["train_accuracy"] for r in steps]) < 1
-    trained = [r for r in steps if r["groups_trained"] > 0]
-    assert trained and all(np.isfinite(r["update/loss"]) for r in trained)
-    assert 0 <= records[-1]["eval_accuracy"] <= 1
-    # The preset as written also samples answers at each evaluation: their accuracy and its standard error.
-    assert 0 <= records[-1]["eval_sampled_accuracy"] <= 1 and records[-1]["eval_sampled_accuracy_se"] >= 0
-    # Its reserved prefix store: rounds and both evaluations share one prefill program per context bucket
-    # (32 and 64 tokens) and one decode program per row bucket (64 and 128 rows); plus the update.
-    assert records[-1]["compilations/sampler"] <= 4 and records[-1]["compilations/update"] == 1
-    return cfg, steps
-
-
-def test_default_preset_with_sara_and_prefix_sampling(tmp_path, warm_start_cache):
-    _, steps = _short_default(tmp_path, warm_start_cache, ["allocation.method=sara", "prefix_sampling.enabled=true"])
-    assert "ps/ratio/1" in steps[0] and any(r["rounds"] > 1 for r in steps)
 
 
 def _boxed_tokenizer(directory, vocab_size):

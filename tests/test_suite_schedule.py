@@ -16,7 +16,7 @@ class _Node:
 
 
 def test_groups_stay_whole_and_the_shipped_default_is_handed_out_first():
-    collection = ["tests/test_a.py::test_1", "tests/test_a.py::test_2", "tests/test_presets_real.py::test_p",
+    collection = ["tests/test_a.py::test_1", "tests/test_a.py::test_2", "tests/test_sharding_loop.py::test_p",
                   "tests/test_as_shipped.py::test_s1", "tests/test_sharding_loop.py::test_l",
                   "tests/test_as_shipped.py::test_s2"]
     scheduler = GroupScheduling.__new__(GroupScheduling)  # no xdist session: only the queue logic runs
