@@ -149,11 +149,12 @@ def test_simulator_smoke(tmp_path, capsys):
         assert all(0 < t["slot_utilization"] <= 1 and t["chunk_limit_steps"] == 0 for t in v["modes"].values())
     assert "slot-steps/trained" in format_timing(report)
     png = tmp_path / "sim.png"
-    # Round mode only, as the plot and JSON need no second compile.
-    assert main(["sim.steps=2", "sim.num_prompts=32", "sim.seeds=2", "sim.methods=[ds, sara]", "sim.engine=rounds",
-                 "allocation.num_prompts=4", "--json", "--plot", str(png), "--no-progress"]) == 0
+    # The command line on the same population and round mode: the jitted run above serves it (no compile).
+    assert main(["sim.steps=4", "sim.num_prompts=64", "sim.warmup=1", "sim.seeds=2", "sim.methods=[ds, sara_fixed]",
+                 "sim.engine=rounds", "allocation.num_prompts=4", "--json", "--plot", str(png), "--no-progress"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert set(out["methods"]) == {"ds", "sara"} and png.stat().st_size > 1000 and "wall_s" in out
+    assert set(out["methods"]) == {"ds", "sara_fixed"} and png.stat().st_size > 1000 and "wall_s" in out
+    assert out["methods"]["ds"]["rollouts_per_valid_group"] == m["ds"]["rollouts_per_valid_group"]
     assert main(["sim.methods=[sara+bogus]", "--no-progress"]) == 2
     assert main(["model.num_layers=3", "--no-progress"]) == 2  # the simulator reads allocation settings only
 
