@@ -40,9 +40,9 @@ def measure(preset: str, seed: int, steps: int, extra: list[str]) -> tuple[dict,
     original = train_module.rollout_metrics
 
     def metrics(allocator, rollouts, backend):
-        for key, group in backend.groups.items():
-            for index, ids in group.completions.items():
-                success = group.rewards[index] >= cfg.data.reward_threshold
+        for key, group in backend.store.groups.items():
+            for index, ids in group.trajectories.items():
+                success = group.score(index, 0) >= cfg.data.reward_threshold
                 seen.setdefault((key, index), (len(ids), bool(success)))
         return original(allocator, rollouts, backend)
 

@@ -27,22 +27,23 @@ import numpy as np
 
 from passrate_jax.allocation.prefix_control import bucket_successes
 from passrate_jax.allocation.protocol import Prefix, Request
+from passrate_jax.rollout.table import RolloutTable
 
 RATIOS = (0.1, 0.3, 0.5, 0.7, 0.9)
 
 
 def _run_round(backend, params, requests, seed: int) -> tuple[list[np.ndarray], list[int]]:
-    """Generate, score and record one batch of requests; each request's rewards (0/1) and lengths."""
-    contexts = backend.contexts(requests)
-    rollouts = backend.generate(contexts, params, seed)
-    scores = backend.score(requests, rollouts)
-    backend.record(requests, rollouts, scores)
-    rewards, pos, lengths = [], 0, []
-    for answers in rollouts:
-        rewards.append(np.asarray(scores["reward"][pos:pos + len(answers)], int))
-        lengths += [len(a.ids) for a in answers]
-        pos += len(answers)
-    return rewards, lengths
+    """Generate, score and record one batch of requests as one step of its own; each request's rewards
+    (0/1) and its answers' lengths."""
+    table = RolloutTable()
+    backend.open_step(params)
+    try:
+        rollouts = backend.generate(backend.contexts(requests), params, seed)
+        results, rows = table.add(requests, [True] * len(requests), backend.score(requests, rollouts))
+        backend.record(requests, rollouts, table, rows)
+    finally:
+        backend.close_step(table)
+    return [np.asarray(r.rewards, int) for r in results], [len(a.ids) for answers in rollouts for a in answers]
 
 
 def _minority(rewards: np.ndarray, n: int) -> tuple[int, bool] | None:
@@ -63,9 +64,7 @@ def ps_premise(backend, params, prompts, *, n: int, ratios=RATIOS, seed: int = 0
     for start in range(0, len(prompts), batch):
         reqs = [Request(key + i, int(p), n, 0) for i, p in enumerate(prompts[start:start + batch])]
         key += len(reqs)
-        backend.open_step(params)
         rewards, lens = _run_round(backend, params, reqs, seed)
-        backend.close_step()
         lengths += lens
         for req, r in zip(reqs, rewards):
             fresh_hist[int(r.sum())] += 1
@@ -79,9 +78,7 @@ def ps_premise(backend, params, prompts, *, n: int, ratios=RATIOS, seed: int = 0
         reqs = [Request(key + i, src.prompt_id, n, 0, Prefix(src.group_key, idx, ratio, bucket_of[s], ok))
                 for i, (src, s, idx, ok, ratio) in enumerate(chunk)]
         key += len(reqs)
-        backend.open_step(params)
         rewards, _ = _run_round(backend, params, reqs, seed + 1)
-        backend.close_step()
         for (_, s, _, _, ratio), r in zip(chunk, rewards):
             hists.setdefault((s, ratio), np.zeros(n + 1, int))[int(r.sum())] += 1
     return summarise(hists, fresh_hist, lengths, n)

@@ -51,8 +51,9 @@ def _trained_lengths(store: list):
 
     def metrics(allocator, rollouts, backend):
         out = original(allocator, rollouts, backend)
-        lengths = [len(backend.groups[g.group_key].completions[i]) for g in rollouts.result.groups
-                   for i in range(len(g.rewards)) if i in backend.groups[g.group_key].completions]
+        groups = backend.store.groups
+        lengths = [len(groups[g.group_key].trajectories[i]) for g in rollouts.result.groups
+                   for i in range(len(g.rewards)) if i in groups[g.group_key].trajectories]
         store.append(float(np.mean(lengths)) if lengths else float("nan"))
         return out
     return original, metrics

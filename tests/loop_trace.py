@@ -27,7 +27,7 @@ def _traced_collect(steps: list, original):
         ro = original(allocator, state, backend, params, seed=seed)
         t = ro.table
         steps.append({
-            "rollouts": [[int(k), int(i), int(r), backend.response(int(k), int(i)) if seen else None]
+            "rollouts": [[int(k), int(i), int(r), backend.store.response(int(k), int(i)) if seen else None]
                          for k, i, r, seen in zip(t["group_key"], t["index"], t["reward"], t["observed"])],
             "groups": [[g.group_key, g.prompt_id, list(g.rewards), None if g.prefix is None else
                         [g.prefix.source_group, g.prefix.source_rollout, float(g.prefix.cut_ratio)]]

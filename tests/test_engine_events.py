@@ -91,6 +91,16 @@ class FakeStream:
         return {"sampler_calls": self.chunks}
 
 
+class ForgetfulStore:
+    """The trajectory store of :class:`FakeBackend`: notes which recorded groups it is told to forget."""
+
+    def __init__(self, backend):
+        self.backend = backend
+
+    def discard(self, keys):
+        self.backend.discarded_recorded.update(set(keys) & self.backend.recorded)
+
+
 class FakeBackend(PassThroughBackend):
     """Rollouts are (group key, prompt, index, seed); ``length(rollout)`` tokens each; reward :func:`reward_of`."""
 
@@ -98,7 +108,8 @@ class FakeBackend(PassThroughBackend):
         self.length, self.slots, self.chunk, self.lookahead = length, slots, chunk, lookahead
         self.trained_lengths = []
         self.recorded = set()  # group keys with trajectories recorded (the machine requested them)
-        self.discarded_recorded = set()  # of those, keys the event loop told the backend to forget
+        self.discarded_recorded = set()  # of those, keys the event loop told the store to forget
+        self.store = ForgetfulStore(self)
 
     def generate(self, contexts, params, seed):
         return [[(r.group_key, r.prompt_id, r.first_index + j, seed) for j in range(r.num_rollouts)] for r in contexts]
@@ -107,14 +118,8 @@ class FakeBackend(PassThroughBackend):
         flat = [x for rs in rollouts for x in rs]
         return clean_scores([reward_of(s, k, p, i) for k, p, i, s in flat])
 
-    def record(self, requests, rollouts, scores):
+    def record(self, requests, rollouts, table, rows):
         self.recorded.update(r.group_key for r in requests)
-
-    def discard(self, keys):
-        self.discarded_recorded.update(set(keys) & self.recorded)
-
-    def metrics(self, table):
-        return {}
 
     def stream(self, params, seed):
         return FakeStream(self, seed)

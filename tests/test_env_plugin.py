@@ -14,6 +14,7 @@ from passrate_jax.envs import Episode, resolve_env
 from passrate_jax.envs.base import split_of
 from passrate_jax.run.metrics import read_jsonl
 from passrate_jax.run.train import train
+from tests.fakes import score_and_record
 from test_plugins import check_success_is_reward_at_threshold, spy_on_rewards
 
 EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "examples", "guess_env.py") + ":GuessEnv"
@@ -177,10 +178,10 @@ def test_a_plugin_environment_that_is_not_deterministic_has_its_replays_rejected
         task = env.sample(0, "train", 0, level=2)
         store = _store(env, task)
         source = Request(0, 0, 1, 0)
-        store.record([source], _played(store, source, [task.solution]))
+        score_and_record(store, [source], _played(store, source, [task.solution]))
         replay_request = Request(1, 0, 2, 0, Prefix(0, 0, 0.9, 0, True))
         assert (store.contexts([replay_request]) == [None]) is rejected, name
-        assert store.groups[1].rejected is rejected and len(store.groups[1].prefix) >= 1
+        assert store.store.groups[1].rejected is rejected and len(store.store.groups[1].prefix) >= 1
 
 
 def test_a_raising_or_non_finite_environment_reward_costs_that_episode_only(variants, caplog):

@@ -18,6 +18,7 @@ from passrate_jax.envs.episodes import Rollout
 from passrate_jax.envs.replay import Turn, TurnCodec, cut_turns, replay, trajectory_tokens, turn_ids
 from passrate_jax.rollout.env import EnvRollouts
 from passrate_jax.text.tokenizer import CharTokenizer
+from tests.fakes import score_and_record
 
 TOK = CharTokenizer()
 CODEC = TurnCodec(TOK)
@@ -195,46 +196,46 @@ def test_prefix_cut_at_turn_boundaries_and_masks_zero_on_replayed_turns_and_obse
     sol = list(task.solution)
     played = [_rollouts(env, task, start, [sol, ["nonsense"] + sol])]
     assert store.score([src], played)["reward"].tolist() == [1, 1]
-    store.record([src], played)
+    score_and_record(store, [src], played)
     # Re-rollout group from rollout 1 (T = 6 turns) at ratio 0.4: floor(2.4) = 2 turns replayed.
     req = Request(group_key=1, prompt_id=0, num_rollouts=2, first_index=0,
                   prefix=Prefix(source_group=0, source_rollout=1, cut_ratio=0.4, bucket=0, success=True))
     [start] = store.contexts([req])
     assert start.episode.turns == 2 and start.episode.errors == 1
     assert start.episode.state == env.step(task, env.reset(task)[0], sol[0]).state  # rebuilt, not pasted
-    replayed = store.groups[1].prefix
+    replayed = store.store.groups[1].prefix
     assert [CODEC.action_text(t.action) for t in replayed] == ["nonsense", sol[0]]
     assert start.context == store.prompt_ids(0) + turn_ids(replayed)
     played = [_rollouts(env, task, start, [sol[1:], ["answer 0"]])]
     scores = store.score([req], played)
     # Episode lengths count the replayed turns: 2 replayed + the rest of the solution; 2 + 1.
     assert scores["turns"].tolist() == [2 + len(sol) - 1, 3] and scores["action_errors"].tolist() == [0, 0]
-    store.record([req], played)
+    score_and_record(store, [req], played)
     groups = [TrainGroup(0, 0, (1, 1), None, False), TrainGroup(1, 0, tuple(scores["reward"].tolist()),
                                                                 req.prefix, True)]
-    arrays = store.batch(groups, rows=8)
+    arrays = store.store.batch(groups, rows=8)
     for row, (g, i) in enumerate([(0, 0), (0, 1), (1, 0), (1, 1)]):
-        rec = store.groups[g]
-        ids, mask = trajectory_tokens(store.prompt_ids(0), rec.prefix, rec.turns[i])
+        rec = store.store.groups[g]
+        ids, mask = trajectory_tokens(store.prompt_ids(0), rec.prefix, rec.trajectories[i])
         assert arrays["tokens"][row, :len(ids)].tolist() == ids
         assert arrays["loss_mask"][row, :len(ids)].tolist() == mask and arrays["loss_mask"][row, len(ids):].sum() == 0
         # Mask 1 exactly on the generated actions: the masked-in text is their text, in order.
         picked = TOK.decode([t for t, m in zip(ids, mask) if m])
-        assert picked == "".join(TOK.decode(t.action) for t in rec.turns[i])
+        assert picked == "".join(TOK.decode(t.action) for t in rec.trajectories[i])
         # The prompt and every replayed turn (actions included) are context.
         context = len(store.prompt_ids(0)) + len(turn_ids(rec.prefix))
         assert sum(mask[:context]) == 0 and (g == 0 or context > len(store.prompt_ids(0)))
         # Every observation is 0.
         pos = context
-        for t in rec.turns[i]:
+        for t in rec.trajectories[i]:
             assert all(mask[pos:pos + len(t.action)]) and not any(mask[pos + len(t.action):pos + len(t.action)
                                                                        + len(t.observation)])
             pos += len(t.action) + len(t.observation)
     assert arrays["group_ids"][:4].tolist() == [0, 0, 1, 1] and arrays["loss_mask"][4:].sum() == 0
     # The trajectories survive a JSON round trip (they are checkpointed).
     again = _store(env, [task])
-    again.load_json(json.loads(json.dumps(store.to_json())))
-    assert again.groups == store.groups
+    again.store.load_json(json.loads(json.dumps(store.store.to_json())))
+    assert again.store.groups == store.store.groups
 
 
 def test_store_rejects_a_replay_in_a_nondeterministic_environment():
@@ -242,12 +243,12 @@ def test_store_rejects_a_replay_in_a_nondeterministic_environment():
     task = env.sample(0, "train", 1, level=3)
     store = _store(env, [task], width_buckets=(256,))
     src = Request(0, 0, 1, 0)
-    store.record([src], [_rollouts(env, task, store.contexts([src])[0], [list(task.solution)])])
+    score_and_record(store, [src], [_rollouts(env, task, store.contexts([src])[0], [list(task.solution)])])
     req = Request(1, 0, 3, 0, Prefix(0, 0, 0.5, 0, True))
-    assert store.contexts([req]) == [None] and store.groups[1].rejected
+    assert store.contexts([req]) == [None] and store.store.groups[1].rejected
     assert store.contexts([req]) == [None]  # rejected once, not replayed again
     with pytest.raises(ValueError, match="rejected"):
-        store.batch([TrainGroup(1, 0, (0, 0, 0), req.prefix, False)], rows=4)
+        store.store.batch([TrainGroup(1, 0, (0, 0, 0), req.prefix, False)], rows=4)
 
 
 def test_turn_codec_handles_truncated_and_quitting_turns():

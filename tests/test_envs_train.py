@@ -128,7 +128,7 @@ def _replayed_starts(monkeypatch):
     def start(self, request):
         s = real(self, request)
         if request.prefix is not None and s is not None:
-            src = self.groups[request.prefix.source_group].turns[request.prefix.source_rollout]
+            src = self.store.groups[request.prefix.source_group].trajectories[request.prefix.source_rollout]
             seen.append((request.prefix.cut_ratio, s.episode.turns, len(src)))
         return s
     monkeypatch.setattr(EnvRollouts, "_start", start)

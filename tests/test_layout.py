@@ -85,3 +85,45 @@ def test_no_layer_below_run_reads_a_session():
                     if lines:
                         found[os.path.relpath(path, ROOT)] = lines
     assert found == {}, f"modules below run/ that read a session (build them from its parts in run/): {found}"
+
+
+# The run's whole config tree: only run/ and the layers that drive runs (study/, cli/) may see it.
+CONFIG_SECTIONS = ("model", "warm_start", "data", "sampling", "allocation", "prefix_sampling", "rl", "optimizer",
+                   "mesh", "distributed", "checkpoint", "logging")
+GROUND = ("configlib.py", "sharding.py", "distributed.py", "plugins.py")
+
+
+def whole_config_reads(source: str) -> list[int]:
+    """Lines of ``source`` that import the run's config tree (``passrate_jax.run.config``) or read a field
+    through one of its sections (``cfg.sampling.temperature``, ``self.config.data.task``): a module that
+    should have been handed its own section (``SamplingConfig``) was handed the whole ``Config``."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("passrate_jax.run"):
+            lines.append(node.lineno)
+        elif isinstance(node, ast.Import) and any(a.name.startswith("passrate_jax.run") for a in node.names):
+            lines.append(node.lineno)
+        elif (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute)
+              and node.value.attr in CONFIG_SECTIONS):
+            holder = node.value.value
+            name = holder.attr if isinstance(holder, ast.Attribute) else getattr(holder, "id", "")
+            if "cfg" in name.lower() or "config" in name.lower():
+                lines.append(node.lineno)
+    return sorted(lines)
+
+
+def test_each_layer_below_run_gets_its_own_config_section():
+    assert whole_config_reads("from passrate_jax.run.config import Config") == [1]
+    assert whole_config_reads("def f(cfg):\n    return cfg.sampling.temperature") == [2]
+    assert whole_config_reads("x = self.config.data.task") == [1]
+    assert whole_config_reads("def f(cfg):\n    return cfg.temperature, sampling.cfg") == []
+    found = {}
+    paths = [os.path.join(ROOT, "passrate_jax", g) for g in GROUND]
+    for package in BELOW_RUN + ("text",):
+        for d, _, files in os.walk(os.path.join(ROOT, "passrate_jax", package)):
+            paths += [os.path.join(d, name) for name in sorted(files) if name.endswith(".py")]
+    for path in paths:
+        with open(path) as f:
+            if lines := whole_config_reads(f.read()):
+                found[os.path.relpath(path, ROOT)] = lines
+    assert found == {}, f"modules below run/ that see the whole Config (hand them their section): {found}"

@@ -12,6 +12,7 @@ from passrate_jax.allocation import Allocator, Prefix, Request, Result
 from passrate_jax.allocation.config import AllocationConfig, PrefixSamplingConfig
 from passrate_jax.run.config import load_config
 from passrate_jax.configlib import ConfigError
+from passrate_jax.rollout.store import TrajectoryStore
 from passrate_jax.rollout.text import TextRollouts, cut_prefix
 from tests.test_train_e2e import TINY, fake_verifier  # noqa: F401 - fixture
 
@@ -164,7 +165,7 @@ def test_text_backend_cuts_replays_at_its_granularity():
         b = TextRollouts(None, lambda i: [1], decode=str, verify=None, max_new_tokens=20, pad_id=3, newline_id=NL,
                          prefix_granularity=granularity)
         b.contexts([Request(7, 0, 1, 0)])
-        b.groups[7].completions[0] = [5, 5, NL, 6, 6, 6, 6, 6, 6, 6, NL, 2]
+        b.store.groups[7].trajectories[0] = [5, 5, NL, 6, 6, 6, 6, 6, 6, 6, NL, 2]
         return list(b.contexts([Request(8, 0, 4, 0, Prefix(7, 0, 0.4, 0, True))])[0].prefix_ids)
     assert backend("tokens") == [5, 5, NL, 6]  # 4 of 12 tokens (no line break in the last 10% of the cut)
     assert backend("lines") == [5, 5, NL]  # round(0.4 * 3) = 1 of 3 lines
@@ -175,8 +176,8 @@ def test_all_three_switches_train_with_one_update_program(tmp_path, monkeypatch,
     from passrate_jax.run.metrics import read_jsonl
     from passrate_jax.run.train import train
     batch_rows = []
-    original = TextRollouts.batch
-    monkeypatch.setattr(TextRollouts, "batch", lambda self, groups, rows: batch_rows.append(rows) or original(
+    original = TrajectoryStore.batch
+    monkeypatch.setattr(TrajectoryStore, "batch", lambda self, groups, rows: batch_rows.append(rows) or original(
         self, groups, rows))
     cfg = load_config(None, TINY + ["steps=3", "allocation.method=uniform", "allocation.num_prompts=4",
                                     "prefix_sampling.enabled=true", "prefix_sampling.timing=same_step",

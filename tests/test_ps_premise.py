@@ -48,7 +48,7 @@ class FakeModel(PassThroughBackend):
     def score(self, requests, rollouts):
         return {"reward": np.array([int(a.success) for answers in rollouts for a in answers])}
 
-    def record(self, requests, rollouts, scores):
+    def record(self, requests, rollouts, table, rows):
         for r, answers in zip(requests, rollouts):
             for j, a in enumerate(answers):
                 self.outcomes[r.group_key, r.first_index + j] = a.success

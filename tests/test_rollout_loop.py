@@ -131,7 +131,7 @@ def test_a_rejected_replay_is_sent_unobserved_and_never_trained():
     assert fresh.observed and fresh.rewards == (1, 1)  # the expert solves the task
     assert not replayed.observed and replayed.group_key == 1  # nothing generated, nothing to learn from
     assert [g.group_key for g in ro.result.groups] == [0]  # the rejected group is not trained on
-    assert ro.table.unobserved_groups() == {1} and backend.groups[1].rejected
+    assert ro.table.unobserved_groups() == {1} and backend.store.groups[1].rejected
     m = rollout_metrics(allocator, ro, backend)
     assert m["env/replay_rejected"] == 1 and m["train_accuracy"] == 1.0 and m["rollouts_step"] == 4
     assert m["env/turns_mean"] == len(task.solution)

@@ -123,7 +123,7 @@ class TableBackend(PassThroughBackend):
         flat = [x for rs in rollouts for x in rs]
         return clean_scores([self.rewards[p, i] for p, i in flat])
 
-    def record(self, requests, rollouts, scores):
+    def record(self, requests, rollouts, table, rows):
         pass
 
     def stream(self, params, seed):

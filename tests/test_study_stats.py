@@ -6,7 +6,8 @@ import pytest
 from scipy import stats as sps
 
 from passrate_jax.allocation import Request
-from passrate_jax.rollout.loop import RolloutTable, StepRollouts, _replay_histograms
+from passrate_jax.rollout.loop import StepRollouts, _replay_histograms
+from passrate_jax.rollout.table import RolloutTable
 from passrate_jax.allocation.protocol import Prefix
 from passrate_jax.study.analysis import analyse
 from passrate_jax.study.probes import premise, seed_probes

@@ -80,8 +80,9 @@ def test_prefix_sampling_trains_only_the_continuation(tmp_path, fake_verifier, m
 
     def spy_update(self, state, groups, step):
         # The trained groups' trajectories as the update reads them (the backend frees groups after it).
-        seen.append([(self.backend.prompt_ids(self.backend.groups[g.group_key].prompt),
-                      copy.deepcopy(self.backend.groups[g.group_key]), len(g.rewards)) for g in groups])
+        kept = self.backend.store.groups
+        seen.append([(self.backend.prompt_ids(kept[g.group_key].prompt), copy.deepcopy(kept[g.group_key]),
+                      len(g.rewards)) for g in groups])
         return updater_call(self, state, groups, step)
 
     def spy_batch(*args, **kwargs):
@@ -101,12 +102,12 @@ def test_prefix_sampling_trains_only_the_continuation(tmp_path, fake_verifier, m
         row = 0
         for prompt, group, size in groups:
             context = list(prompt) + group.prefix
-            rewards = np.array([group.rewards[i] for i in range(size)], np.float64)
+            rewards = np.array([group.scores()[i] for i in range(size)], np.float64)
             std = rewards.std(ddof=1)
             want_adv = np.zeros(size) if std == 0 else (rewards - rewards.mean()) / (std + cfg.rl.advantage_eps)
             np.testing.assert_allclose(adv[row:row + size], want_adv, rtol=1e-5, atol=1e-6)
             for i in range(size):
-                completion = group.completions[i]
+                completion = group.trajectories[i]
                 assert tokens[row, :len(context) + len(completion)].tolist() == context + completion
                 assert mask[row].tolist() == ([0] * len(context) + [1] * len(completion)
                                               + [0] * (mask.shape[1] - len(context) - len(completion)))

@@ -152,4 +152,4 @@ class Ahead:
                     self.unused, self.wasted_tokens = self.unused + 1, self.wasted_tokens + self.stream.length(r)
         if key in self.created and not any_claimed and not any(k == key for k, _ in self.owner):
             self.created.discard(key)
-            self.backend.discard([key])
+            self.backend.store.discard([key])

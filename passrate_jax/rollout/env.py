@@ -7,51 +7,66 @@ not deterministic) has no start: the loop reports the request as not observed an
 trained on. The environment's final-state reward is the verifier: the update trains on it as it is (a
 float too), the allocator sees success = reward >= ``data.reward_threshold``. Loss mask 1 on the tokens of
 generated actions only: the prompt, every replayed turn and every observation are context (mask 0).
-The trajectories are JSON-serialisable, so a checkpoint keeps those that later steps may replay.
+The trajectories live in the run's trajectory store (:mod:`.store`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from passrate_jax.allocation import Request, TrainGroup
+from passrate_jax.allocation import Request
 from passrate_jax.envs.base import Environment, EnvTask
 from passrate_jax.envs.episodes import Rollout, Start, run_episodes
 from passrate_jax.envs.replay import Turn, TurnCodec, cut_turns, replay, trajectory_tokens, turn_ids
-from passrate_jax.rollout.text import WIDTH_BUCKETS, StepKV, pack_rows
+from passrate_jax.rollout.store import WIDTH_BUCKETS, TrajectoryStore
+from passrate_jax.rollout.table import RolloutTable
+from passrate_jax.rollout.text import StepKV
 from passrate_jax.sampling.sampler import Sampler
 
 
-@dataclasses.dataclass
-class EnvGroup:
-    """One group: the prompt index, the replayed turns (empty for a fresh group), whether its start
-    could not be rebuilt faithfully (``rejected``: no rollouts were generated), and each rollout's
-    generated turns and final-state reward by rollout index within the group (a trained group may hold
-    episodes of earlier steps, so the rewards the update trains on live with the trajectories)."""
-    prompt: int
-    prefix: list[Turn]
-    rejected: bool = False
-    turns: dict[int, list[Turn]] = dataclasses.field(default_factory=dict)
-    rewards: dict[int, float] = dataclasses.field(default_factory=dict)
+class EnvKind:
+    """Environment episodes: an item is a :class:`Turn`; a trajectory's loss mask is 1 on its generated
+    actions only (the prompt, replayed turns and every observation are context, mask 0)."""
+
+    @staticmethod
+    def sequence(prompt, prefix, trajectory):
+        return trajectory_tokens(prompt, prefix, trajectory)
+
+    @staticmethod
+    def response(prefix, trajectory):
+        """The episode after its prompt, as the policy saw it: replayed, then generated turns, each action
+        followed by the environment's observation."""
+        return turn_ids(list(prefix) + list(trajectory))
+
+    @staticmethod
+    def generated(trajectory):
+        return sum(len(t.action) for t in trajectory)
+
+    @staticmethod
+    def item_to_json(item):
+        return item.to_json()
+
+    @staticmethod
+    def item_from_json(data):
+        return Turn.from_json(data)
 
 
 class EnvRollouts(StepKV):
     """The environment backend. ``task(i)`` / ``prompt_ids(i)``: prompt i's task and token ids (with
     BOS). ``max_turns``: the turn limit; ``max_len``: the most tokens a context may hold;
     ``turn_tokens``: the budget of one assistant turn; ``success_threshold``: an episode whose reward is at
-    or above it is a success for the allocator (``data.reward_threshold``)."""
+    or above it is a success for the allocator (``data.reward_threshold``). The trajectories (each
+    episode's generated turns) are in ``store``."""
 
     def __init__(self, env: Environment, task: Callable[[int], EnvTask], prompt_ids: Callable[[int], list[int]],
                  codec: TurnCodec, sampler: Sampler | None, *, max_turns: int, max_len: int, turn_tokens: int,
                  pad_id: int, success_threshold: float = 0.5, width_buckets: Sequence[int] = WIDTH_BUCKETS):
         self.env, self.task, self.prompt_ids, self.codec, self.sampler = env, task, prompt_ids, codec, sampler
-        self.max_turns, self.max_len, self.turn_tokens, self.pad_id = max_turns, max_len, turn_tokens, pad_id
+        self.max_turns, self.max_len, self.turn_tokens = max_turns, max_len, turn_tokens
         self.success_threshold = float(success_threshold)
-        self.width_buckets = tuple(width_buckets)
-        self.groups: dict[int, EnvGroup] = {}
+        self.store = TrajectoryStore(EnvKind(), prompt_ids, pad_id=pad_id, width_buckets=width_buckets)
 
     # ------------------------------------------------------------------ a round
     def contexts(self, requests: Sequence[Request]) -> list[Start | None]:
@@ -60,14 +75,14 @@ class EnvRollouts(StepKV):
         return [self._start(r) for r in requests]
 
     def _start(self, request: Request) -> Start | None:
-        g = self.groups.get(request.group_key)
-        if g is None:
+        if request.group_key not in self.store.groups:
             prefix: list[Turn] = []
             if request.prefix is not None:
-                src = self.groups[request.prefix.source_group].turns[request.prefix.source_rollout]
+                src = self.store.groups[request.prefix.source_group].trajectories[request.prefix.source_rollout]
                 prefix = [Turn(list(t.action), list(t.observation), t.error)
                           for t in src[:cut_turns(len(src), request.prefix.cut_ratio)]]
-            g = self.groups[request.group_key] = EnvGroup(prompt=request.prompt_id, prefix=prefix)
+            self.store.open(request.group_key, request.prompt_id, prefix)
+        g = self.store.groups[request.group_key]
         if not g.rejected:
             rebuilt = replay(self.env, self.task(g.prompt), g.prefix, self.codec, self.max_turns)
             if not rebuilt.rejected:
@@ -98,69 +113,18 @@ class EnvRollouts(StepKV):
                 "turns": np.array([r.episode.turns + (r.ended == "quit") for r in flat], np.int64),
                 "action_errors": np.array([sum(t.error for t in r.turns) for r in flat], np.int64)}
 
-    def record(self, requests: Sequence[Request], rollouts: Sequence[list[Rollout]],
-               scores: dict[str, np.ndarray] | None = None) -> None:
-        """Keep each episode's turns and its reward (the update trains on it, possibly in a later step)."""
-        for req, rs in zip(requests, rollouts):
-            g = self.groups[req.group_key]
-            for j, r in enumerate(rs):
-                g.turns[req.first_index + j] = r.turns
-                g.rewards[req.first_index + j] = float(r.reward)
+    def record(self, requests: Sequence[Request], rollouts: Sequence[list[Rollout]], table: RolloutTable,
+               rows: Sequence[np.ndarray]) -> None:
+        """Keep each episode's turns, referring to its table row (the update trains on its reward, possibly
+        in a later step)."""
+        self.store.add(requests, [[r.turns for r in rs] for rs in rollouts], table, rows)
 
-    # ------------------------------------------------------------------ after the rounds
-    def batch(self, groups: Sequence[TrainGroup], rows: int) -> dict[str, np.ndarray]:
-        """The update batch of the trained groups (the arrays of ``passrate_jax.rollout.text.pack_rows``),
-        with loss masks from :func:`trajectory_tokens`. Rejected groups must not be among ``groups``."""
-        seqs, masks, rewards, gids = [], [], [], []
-        for gi, tg in enumerate(groups):
-            g = self.groups[tg.group_key]
-            if g.rejected:
-                raise ValueError(f"group {tg.group_key}: its replay was rejected, it has no trajectories to train on")
-            for i, success in enumerate(tg.rewards):
-                ids, mask = trajectory_tokens(self.prompt_ids(g.prompt), g.prefix, g.turns[i])
-                seqs.append(ids)
-                masks.append(mask)
-                # The episode's reward, not the allocator's success bit (a checkpoint from before rewards
-                # were kept has only the bit).
-                rewards.append(g.rewards.get(i, float(success)))
-                gids.append(gi)
-        return pack_rows(seqs, masks, rewards, gids, num_groups=len(groups), rows=rows,
-                         width_buckets=self.width_buckets, pad_id=self.pad_id)
-
-    def metrics(self, table) -> dict:
-        """``env/replay_rejected`` (groups whose replay was rejected this step), ``env/error_observations``
-        and ``env/turns_mean`` (mean episode length in assistant turns) of the step's episodes."""
+    def close_step(self, table: RolloutTable) -> dict:
+        """The prefix store's counters, ``env/replay_rejected`` (groups whose replay was rejected this
+        step), ``env/error_observations`` and ``env/turns_mean`` (mean episode length in assistant turns)
+        of the step's episodes."""
         seen = table["observed"].astype(bool)
-        turns = table["turns"][seen]
-        return {"env/replay_rejected": len(table.unobserved_groups()),
-                "env/error_observations": int(table["action_errors"][seen].sum()),
+        turns = table["turns"][seen] if "turns" in table else np.zeros(0)
+        return {**super().close_step(table), "env/replay_rejected": len(table.unobserved_groups()),
+                "env/error_observations": int(table["action_errors"][seen].sum()) if "action_errors" in table else 0,
                 "env/turns_mean": float(np.mean(turns)) if len(turns) else float("nan")}
-
-    def response(self, group_key: int, index: int) -> list[int]:
-        """One episode after its prompt, as the policy saw it: the replayed turns, then the generated ones,
-        each action followed by the environment's observation."""
-        g = self.groups[group_key]
-        return turn_ids(g.prefix + g.turns[index])
-
-    def generated_tokens(self, group_key: int, index: int) -> int:
-        """Tokens the policy generated in one episode: its actions (replayed turns and observations are
-        not generated)."""
-        return sum(len(t.action) for t in self.groups[group_key].turns[index])
-
-    # ------------------------------------------------------------------ the checkpointed trajectories
-    def retain(self, keys) -> None:
-        """Free every group not in ``keys``."""
-        self.groups = {k: g for k, g in self.groups.items() if k in keys}
-
-    def to_json(self) -> dict:
-        return {str(k): {"prompt": g.prompt, "prefix": [t.to_json() for t in g.prefix], "rejected": g.rejected,
-                         "turns": {str(i): [t.to_json() for t in ts] for i, ts in g.turns.items()},
-                         "rewards": {str(i): r for i, r in g.rewards.items()}}
-                for k, g in self.groups.items()}
-
-    def load_json(self, data: dict) -> None:
-        """Inverse of :meth:`to_json`."""
-        self.groups = {int(k): EnvGroup(
-            prompt=int(v["prompt"]), prefix=[Turn.from_json(t) for t in v["prefix"]], rejected=bool(v["rejected"]),
-            turns={int(i): [Turn.from_json(t) for t in ts] for i, ts in v["turns"].items()},
-            rewards={int(i): float(r) for i, r in v.get("rewards", {}).items()}) for k, v in data.items()}

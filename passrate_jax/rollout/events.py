@@ -33,7 +33,8 @@ import numpy as np
 from passrate_jax.allocation import Allocator, AllocatorState
 from passrate_jax.configlib import ConfigError
 from passrate_jax.rollout.ahead import Ahead, AheadTag, Flight
-from passrate_jax.rollout.loop import RolloutBackend, RolloutTable, StepRollouts, note_requests
+from passrate_jax.rollout.loop import RolloutBackend, StepRollouts, note_requests
+from passrate_jax.rollout.table import RolloutTable
 
 
 class RolloutStream(Protocol):
@@ -65,7 +66,7 @@ def collect_rollouts_events(allocator: Allocator, state: AllocatorState, backend
     """Run one step's allocation on ``backend.stream(params, seed)`` (see the module docstring); returns
     what :func:`~.loop.collect_rollouts` returns, with the engine's counters in ``engine``. Fresh groups'
     first requests are started ahead into free slots (:mod:`.ahead`; ``backend.lookahead`` groups at most,
-    0: none; ``backend.discard(keys)`` forgets a guess's trajectories)."""
+    0: none; ``backend.store.discard(keys)`` forgets a guess's trajectories)."""
     if not hasattr(backend, "stream"):
         raise ConfigError("sampling.engine = 'slots': this rollout backend (environments) runs in round mode "
                           "only; set sampling.engine=rounds")
@@ -103,7 +104,7 @@ def collect_rollouts_events(allocator: Allocator, state: AllocatorState, backend
                 raise RuntimeError("event loop: nothing in flight, yet the allocation step is not done")
         counters = {**stream.counters(), **_abort(stream, ahead)}
     finally:
-        prefill = backend.close_step()
+        prefill = backend.close_step(table)
     result, new_state = run.finish(abort=True)
     if unobserved := table.unobserved_groups():
         result = dataclasses.replace(result, groups=[g for g in result.groups if g.group_key not in unobserved])
@@ -161,5 +162,7 @@ def _retire(backend: RolloutBackend, table: RolloutTable, retired: Sequence[Flig
         names = next(iter(live[0].scores.values())).keys()
         scores = {name: np.asarray([f.scores[f.request.first_index + j][name] for f in live
                                     for j in range(f.request.num_rollouts)]) for name in names}
-        backend.record([f.request for f in live], rollouts, scores)
-    return table.add([f.request for f in retired], [f.started for f in retired], scores)
+    results, rows = table.add([f.request for f in retired], [f.started for f in retired], scores)
+    if live:
+        backend.record([f.request for f in live], rollouts, table, rows)
+    return results

@@ -17,34 +17,35 @@ from typing import Protocol
 
 import numpy as np
 
-from passrate_jax.allocation import Allocator, AllocatorState, Request, Result, StepResult, TrainGroup
+from passrate_jax.allocation import Allocator, AllocatorState, Request, StepResult
 from passrate_jax.allocation.prefix_control import bucket_successes
+from passrate_jax.rollout.store import TrajectoryStore
+from passrate_jax.rollout.table import RolloutTable
 
 
 class RolloutBackend(Protocol):
-    """One kind of rollout, as the round loop and the trainer drive it.
+    """One kind of rollout, as the round loop and the trainer drive it: what differs between the kinds.
 
     A step opens with ``open_step(params)`` (the rounds' ``generate`` calls share one prefix store of
     these parameters, so a context sampled in several rounds is prefilled once) and ends with
-    ``close_step`` (frees that KV before the update; returns the step's ``prefill_tokens``,
-    ``context_tokens`` and ``unshared_prefill_tokens``, see ``passrate_jax.sampling.PrefixStore``).
+    ``close_step(table)`` (frees that KV before the update; returns the step's counters: the prefix
+    store's ``prefill_tokens``, ``context_tokens`` and ``unshared_prefill_tokens``, see
+    ``passrate_jax.sampling.PrefixStore``, and the backend's own, read from the step's ``table``).
     A round: ``contexts`` (where each request's rollouts start; None where a start cannot be rebuilt,
     e.g. an environment replay that fails its determinism check: the request is not observed) ->
-    ``generate`` (each context's rollouts, in sample order) -> ``score`` (per-rollout columns of the step
-    table, see :class:`RolloutTable`) -> ``record`` (keep the trajectories, with what of their scores the
-    update needs). After the step, ``batch``
-    builds the update's padded arrays of the trained groups and ``metrics`` adds the backend's own
-    counters; ``response`` (the ids a kept rollout wrote after its prompt, replayed prefix included) and
-    ``generated_tokens`` (how many of them the policy generated) show the step's rollouts to the person
-    watching (``passrate_jax/run/observe.py``). ``retain`` / ``to_json`` / ``load_json``: the trajectories
-    a checkpoint keeps. (The
-    supervised warm start and held-out evaluation are the run's: ``passrate_jax/run/warm_start.py``,
-    ``held_out.py``.)
+    ``generate`` (each context's rollouts, in sample order) -> ``score`` (per-rollout columns of the step's
+    :class:`~passrate_jax.rollout.table.RolloutTable`) -> ``record`` (keep the trajectories in ``store``,
+    each referring to its row of the table, where its score lives). The slot engine drives a backend that
+    has ``stream(params, seed)`` (text answers). Everything done with the kept trajectories (the update
+    batch, what the person watching reads, checkpoints) is the store's, written once for every kind
+    (:class:`~passrate_jax.rollout.store.TrajectoryStore`); the supervised warm start and held-out
+    evaluation are the run's (``passrate_jax/run/warm_start.py``, ``held_out.py``).
     """
+    store: TrajectoryStore
 
     def open_step(self, params) -> None: ...
 
-    def close_step(self) -> dict[str, int]: ...
+    def close_step(self, table: RolloutTable) -> dict: ...
 
     def contexts(self, requests: Sequence[Request]) -> list: ...
 
@@ -52,72 +53,21 @@ class RolloutBackend(Protocol):
 
     def score(self, requests: Sequence[Request], rollouts: Sequence[list]) -> dict[str, np.ndarray]: ...
 
-    def record(self, requests: Sequence[Request], rollouts: Sequence[list], scores: dict[str, np.ndarray]) -> None: ...
-
-    def batch(self, groups: Sequence[TrainGroup], rows: int) -> dict[str, np.ndarray]: ...
-
-    def metrics(self, table: RolloutTable) -> dict: ...
-
-    def response(self, group_key: int, index: int) -> list[int]: ...
-
-    def generated_tokens(self, group_key: int, index: int) -> int: ...
-
-    def retain(self, keys) -> None: ...
-
-    def to_json(self) -> dict: ...
-
-    def load_json(self, data: dict) -> None: ...
-
-
-class RolloutTable:
-    """Every rollout of one step, one row each in generation order: the one record of the step's outcomes.
-
-    Columns (numpy, by ``table[name]``): ``group_key``, ``index`` (the rollout's index in its group),
-    ``observed``, ``reward`` (0/1: the success the allocator sees), ``truncated``, ``verifier_error``
-    (the verifier raised on this answer: reward 0), and the backend's own (text answers: ``score``, the
-    reward as scored, e.g. a reward plugin's float; environments: ``turns``, ``action_errors``). The rows of an
-    unobserved request (nothing was generated) have ``observed`` False and 0 in every other column.
-    """
-
-    def __init__(self):
-        self._columns: dict[str, list[np.ndarray]] = {}
-
-    def __getitem__(self, name: str) -> np.ndarray:
-        parts = self._columns.get(name, [])
-        return np.concatenate(parts) if parts else np.zeros(0, int)
-
-    def __len__(self) -> int:
-        return len(self["group_key"])
-
-    def add(self, requests: Sequence[Request], observed: Sequence[bool], scores: dict[str, np.ndarray]) -> list[Result]:
-        """Append one round: ``scores`` holds the observed requests' rollouts, request by request; returns
-        the round's results for the allocator."""
-        results, pos = [], 0
-        for req, seen in zip(requests, observed):
-            n = req.num_rollouts
-            rows = {k: v[pos:pos + n] if seen else np.zeros(n, v.dtype) for k, v in scores.items()}
-            pos += n if seen else 0
-            rows.update(group_key=np.full(n, req.group_key), index=req.first_index + np.arange(n),
-                        observed=np.full(n, bool(seen)))
-            for k, v in rows.items():
-                self._columns.setdefault(k, []).append(v)
-            results.append(Result(req.group_key, tuple(int(x) for x in rows["reward"]), observed=bool(seen)))
-        return results
-
-    def unobserved_groups(self) -> set[int]:
-        return {int(k) for k in self["group_key"][~self["observed"].astype(bool)]}
+    def record(self, requests: Sequence[Request], rollouts: Sequence[list], table: RolloutTable,
+               rows: Sequence[np.ndarray]) -> None: ...
 
 
 @dataclasses.dataclass
 class StepRollouts:
     """What the rollout phase of a step produced: the allocator's result (unobserved groups left out),
-    the next allocator state, the step's table of rollouts, the sampler's prefill counters and the
+    the next allocator state, the step's table of rollouts, the backend's step counters (``close_step``:
+    the sampler's prefill counters; the backend's own, e.g. round mode's ``slot_utilization``) and the
     decoding's (``sampler_calls``; the slot engine's ``slot_utilization``, ``rollouts/aborted``,
-    ``tokens/wasted``; a backend's own, e.g. round mode's ``slot_utilization``)."""
+    ``tokens/wasted``)."""
     result: StepResult
     state: AllocatorState
     table: RolloutTable
-    prefill: dict[str, int] = dataclasses.field(default_factory=dict)
+    prefill: dict = dataclasses.field(default_factory=dict)
     engine: dict = dataclasses.field(default_factory=dict)
     # The study's premise probes (passrate_jax/study/probes.py): prompts opened fresh this step, and the
     # PS bucket of each re-rollout group (by group key); both loops fill them through note_requests.
@@ -149,10 +99,11 @@ def collect_rollouts(allocator: Allocator, state: AllocatorState, backend: Rollo
             rollouts = backend.generate([c for c in contexts if c is not None], params, seed)
             calls += any(observed)
             scores = backend.score(live, rollouts)
-            backend.record(live, rollouts, scores)
-            run.observe(table.add(requests, observed, scores))
+            results, rows = table.add(requests, observed, scores)
+            backend.record(live, rollouts, table, rows)
+            run.observe(results)
     finally:
-        prefill = backend.close_step()
+        prefill = backend.close_step(table)
     result, new_state = run.finish()
     if unobserved := table.unobserved_groups():
         result = dataclasses.replace(result, groups=[g for g in result.groups if g.group_key not in unobserved])
@@ -165,7 +116,7 @@ def rollout_metrics(allocator: Allocator, rollouts: StepRollouts, backend: Rollo
     trained groups, per Prefix Sampling bucket (named by its success count) the re-rollout pass rate,
     the controller's ratio and EMA, the sampler's ``prefill_tokens`` / ``context_tokens`` and their
     ``prefill_ratio`` (1: every context's KV computed once in the step; ``unshared_prefill_tokens``:
-    what prefilling every call in full would have computed), then the backend's own
+    what prefilling every call in full would have computed), the decoding's and the backend's own
     counters. Generated-rollout counters (accuracy, truncation, verifier errors) count observed
     rollouts only."""
     r, n, table = rollouts.result, allocator.cfg.group_size, rollouts.table
@@ -197,9 +148,9 @@ def rollout_metrics(allocator: Allocator, rollouts: StepRollouts, backend: Rollo
         "train_prompts": getattr(allocator, "num_prompts", None),
         "evicted_total": int(np.sum(np.asarray(getattr(rollouts.state, "evicted", 0)))),
     }
-    if rollouts.prefill:
+    if "prefill_tokens" in rollouts.prefill:
         p, c = rollouts.prefill["prefill_tokens"], rollouts.prefill["context_tokens"]
-        m.update(rollouts.prefill, prefill_ratio=p / c if c else float("nan"))
+        m.update(prefill_ratio=p / c if c else float("nan"))
     if allocator.ps.enabled:
         pcs = rollouts.state.prefix_control
         ratio, ema = np.asarray(pcs.ratio), np.asarray(pcs.ema)
@@ -209,7 +160,7 @@ def rollout_metrics(allocator: Allocator, rollouts: StepRollouts, backend: Rollo
             if r.replay_rollouts[b] > 0:
                 m[f"ps/pass_rate/{s}"] = float(r.replay_successes[b] / r.replay_rollouts[b])
         m.update(_replay_histograms(rollouts, n))
-    return {**m, **rollouts.engine, **backend.metrics(table)}
+    return {**m, **rollouts.engine, **rollouts.prefill}
 
 
 def _replay_histograms(rollouts: StepRollouts, n: int) -> dict:

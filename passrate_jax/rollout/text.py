@@ -2,31 +2,27 @@
 
 A request becomes one sampler context (the prompt, plus the replayed prefix of a Prefix Sampling
 re-rollout group); each answer is decoded and scored by the run's verifier; the trajectories (the
-generated ids, by group key and rollout index) are kept for later replays and for the update batch,
-whose loss mask covers the generated ids only (prompt and replayed prefix are context).
+generated ids, by group key and rollout index) are kept in the run's trajectory store (:mod:`.store`)
+for later replays and for the update batch, whose loss mask covers the generated ids only (prompt and
+replayed prefix are context).
 
-Everything here is plain Python / numpy on the host; the arrays it builds go to the jitted sampler
-and update. The trajectories are JSON-serialisable so a checkpoint keeps those that later steps may
-replay (the allocator names them in ``StepResult.retained_keys``).
+Everything here is plain Python / numpy on the host; the arrays it builds go to the jitted sampler.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import numpy as np
 
-from passrate_jax.allocation import Request, TrainGroup
+from passrate_jax.allocation import Request
+from passrate_jax.rollout.store import WIDTH_BUCKETS, TextKind, TrajectoryStore
+from passrate_jax.rollout.table import RolloutTable
 from passrate_jax.sampling.prefix_store import PrefixStore
 from passrate_jax.sampling.sampler import Context, Sampler, bucket
 from passrate_jax.sampling.slot_pool import SlotEngine, SlotPool
-
-# Padded widths (prompt + response tokens) of the update batch: a run compiles one update per width used.
-WIDTH_BUCKETS = (64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192)
-
 
 def cut_prefix(response: Sequence[int], ratio: float, newline_id: int | None = None,
                granularity: str = "tokens") -> list[int]:
@@ -96,8 +92,8 @@ class StepKV:
     def open_step(self, params) -> None:
         self._kv = None if self.sampler is None else (params, self.sampler.kv_store(params))
 
-    def close_step(self) -> dict[str, int]:
-        """Free the step's KV rows; its ``prefill_tokens``, ``context_tokens`` and ``unshared_prefill_tokens``
+    def close_step(self, table: RolloutTable) -> dict[str, int]:
+        """Free the step's KV rows (``table``: the step's rollouts, for a backend's own counters); its ``prefill_tokens``, ``context_tokens`` and ``unshared_prefill_tokens``
         (``PrefixStore``'s counters; empty: no step open)."""
         kv, self._kv = self._kv, None
         if kv is None:
@@ -121,25 +117,12 @@ class Completion(NamedTuple):
     stopped: bool
 
 
-@dataclasses.dataclass
-class TextGroup:
-    """One group's trajectories: the prompt index, the replayed prefix (empty for a fresh group) and,
-    by rollout index within the group, each rollout's generated ids and its reward as scored (what the
-    update trains on; the allocator's success bits are ``TrainGroup.rewards``). A trained group may hold
-    rollouts of earlier steps (Pilot-Commit), so the scored rewards live here, with the trajectories,
-    not only in a step's table."""
-    prompt: int
-    prefix: list[int]
-    completions: dict[int, list[int]] = dataclasses.field(default_factory=dict)
-    rewards: dict[int, float] = dataclasses.field(default_factory=dict)
-
-
 class TextRollouts(StepKV):
     """The text backend. ``prompt_ids(i)``: prompt i's token ids (with BOS); ``decode``: ids -> text;
     ``verify(prompt_indices, texts)``: one reward per answer; ``max_new_tokens``: an answer's budget
     (prefix included); ``newline_id``: where a Prefix Sampling cut may snap to; ``prefix_granularity``:
     tokens or lines (:func:`cut_prefix`); ``success_threshold``: a reward at or above it is a success for
-    the allocator (``data.reward_threshold``)."""
+    the allocator (``data.reward_threshold``). The trajectories (generated ids) are in ``store``."""
 
     def __init__(self, sampler: Sampler, prompt_ids: Callable[[int], Sequence[int]], *,
                  decode: Callable[[list[int]], str], verify: Callable[[list[int], list[str]], np.ndarray],
@@ -151,24 +134,23 @@ class TextRollouts(StepKV):
         # The engine's rows hold the longest prompt and a whole budget (a replayed prefix is part of it).
         self.row_length = longest_prompt + max_new_tokens
         self._decode_steps = (0, 0)  # the sampler's decode counters when the step opened
-        self.max_new_tokens, self.pad_id, self.newline_id = max_new_tokens, pad_id, newline_id
-        self.prefix_granularity = prefix_granularity
-        self.success_threshold, self.width_buckets = float(success_threshold), tuple(width_buckets)
-        self.groups: dict[int, TextGroup] = {}
+        self.max_new_tokens, self.newline_id, self.prefix_granularity = max_new_tokens, newline_id, prefix_granularity
+        self.success_threshold = float(success_threshold)
+        self.store = TrajectoryStore(TextKind(), prompt_ids, pad_id=pad_id, width_buckets=width_buckets)
 
     # ------------------------------------------------------------------ a round
     def contexts(self, requests: Sequence[Request]) -> list[Context]:
         """Sampler contexts for one round of requests. A group's randomness is keyed by its group key
         and rollout index, so a row samples the same tokens whatever batch it lands in."""
-        out = []
+        out, groups = [], self.store.groups
         for r in requests:
-            g = self.groups.get(r.group_key)
-            if g is None:
+            if r.group_key not in groups:
                 prefix = []
                 if r.prefix is not None:
-                    src = self.groups[r.prefix.source_group].completions[r.prefix.source_rollout]
+                    src = groups[r.prefix.source_group].trajectories[r.prefix.source_rollout]
                     prefix = cut_prefix(src, r.prefix.cut_ratio, self.newline_id, self.prefix_granularity)
-                g = self.groups[r.group_key] = TextGroup(prompt=r.prompt_id, prefix=prefix)
+                self.store.open(r.group_key, r.prompt_id, prefix)
+            g = groups[r.group_key]
             out.append(Context(prompt_ids=self.prompt_ids(g.prompt), prefix_ids=g.prefix,
                                num_samples=r.num_rollouts, context_id=r.group_key,
                                first_sample_index=r.first_index,
@@ -188,7 +170,7 @@ class TextRollouts(StepKV):
         (score >= ``success_threshold``)."""
         prompts, texts = [], []
         for req, answers in zip(requests, rollouts):
-            prefix = self.groups[req.group_key].prefix
+            prefix = self.store.groups[req.group_key].prefix
             prompts += [req.prompt_id] * len(answers)
             texts += [self.decode(prefix + a.ids) for a in answers]
         scores, errors = score_each(self.verify, prompts, texts)
@@ -196,47 +178,25 @@ class TextRollouts(StepKV):
                 "verifier_error": errors,
                 "truncated": np.array([not a.stopped for answers in rollouts for a in answers], bool)}
 
-    def record(self, requests: Sequence[Request], rollouts: Sequence[list[Completion]],
-               scores: dict[str, np.ndarray]) -> None:
-        """Keep each answer's ids and its scored reward (the update trains on it, possibly in a later step)."""
-        pos = 0
-        for req, answers in zip(requests, rollouts):
-            g = self.groups[req.group_key]
-            for j, a in enumerate(answers):
-                g.completions[req.first_index + j] = list(a.ids)
-                g.rewards[req.first_index + j] = float(scores["score"][pos])
-                pos += 1
+    def record(self, requests: Sequence[Request], rollouts: Sequence[list[Completion]], table: RolloutTable,
+               rows: Sequence[np.ndarray]) -> None:
+        """Keep each answer's ids, referring to its table row (the update trains on its score, possibly in
+        a later step)."""
+        self.store.add(requests, [[list(a.ids) for a in answers] for answers in rollouts], table, rows)
 
-    # ------------------------------------------------------------------ after the rounds
-    def batch(self, groups: Sequence[TrainGroup], rows: int) -> dict[str, np.ndarray]:
-        """Rows of every trained group's rollouts, right-padded to ``rows`` x a width bucket (see
-        :func:`pack_rows`): loss mask on the generated ids only, rewards as scored."""
-        seqs, masks, rewards, gids = [], [], [], []
-        for gi, tg in enumerate(groups):
-            g = self.groups[tg.group_key]
-            context = list(self.prompt_ids(g.prompt)) + g.prefix
-            for i, success in enumerate(tg.rewards):
-                comp = g.completions[i]
-                seqs.append(context + comp)
-                masks.append([0] * len(context) + [1] * len(comp))
-                # The scored reward, not the allocator's success bit (a checkpoint from before scores
-                # were kept has only the bit).
-                rewards.append(g.rewards.get(i, float(success)))
-                gids.append(gi)
-        return pack_rows(seqs, masks, rewards, gids, num_groups=len(groups), rows=rows,
-                         width_buckets=self.width_buckets, pad_id=self.pad_id)
-
-    def metrics(self, table) -> dict:
-        """Round mode's decode slot utilization (live rows / rows, over the step's decode steps)."""
-        live, rows = (a - b for a, b in zip(self._decode_counters(), self._decode_steps))
-        return {"slot_utilization": live / rows} if rows else {}
-
-    def _decode_counters(self) -> tuple[int, int]:
-        return getattr(self.sampler, "decode_live_steps", 0), getattr(self.sampler, "decode_row_steps", 0)
-
+    # ------------------------------------------------------------------ the step's decoding
     def open_step(self, params) -> None:
         super().open_step(params)
         self._decode_steps = self._decode_counters()
+
+    def close_step(self, table: RolloutTable) -> dict:
+        """The prefix store's counters and round mode's decode slot utilization (live rows / rows, over
+        the step's decode steps)."""
+        live, rows = (a - b for a, b in zip(self._decode_counters(), self._decode_steps))
+        return {**super().close_step(table), **({"slot_utilization": live / rows} if rows else {})}
+
+    def _decode_counters(self) -> tuple[int, int]:
+        return getattr(self.sampler, "decode_live_steps", 0), getattr(self.sampler, "decode_row_steps", 0)
 
     def stream(self, params, seed: int) -> TextStream:
         """The step's decode slots (the slot engine, built on first use), over the step's prefix store."""
@@ -244,37 +204,6 @@ class TextRollouts(StepKV):
             length = max(self.sampler.store_capacity[1], bucket(self.row_length, self.sampler.cfg.context_buckets))
             self._engine = SlotEngine(self.sampler, rows=self.slots, chunk=self.chunk_tokens, length=length)
         return TextStream(self._engine.pool(self.step_store(params), seed=seed))
-
-    def discard(self, keys) -> None:
-        """Forget groups the slot engine started ahead of a request that never came (rollout/ahead.py)."""
-        for k in keys:
-            self.groups.pop(k, None)
-
-    def response(self, group_key: int, index: int) -> list[int]:
-        """Prefix + completion ids of one rollout: the whole response the verifier scores."""
-        g = self.groups[group_key]
-        return g.prefix + g.completions[index]
-
-    def generated_tokens(self, group_key: int, index: int) -> int:
-        """Tokens the policy generated in one rollout (its completion; a replayed prefix is not generated)."""
-        return len(self.groups[group_key].completions[index])
-
-    # ------------------------------------------------------------------ the checkpointed trajectories
-    def retain(self, keys) -> None:
-        """Free every group not in ``keys``."""
-        self.groups = {k: g for k, g in self.groups.items() if k in keys}
-
-    def to_json(self) -> dict:
-        return {str(k): {"prompt": g.prompt, "prefix": g.prefix,
-                         "completions": {str(i): c for i, c in g.completions.items()},
-                         "rewards": {str(i): r for i, r in g.rewards.items()}} for k, g in self.groups.items()}
-
-    def load_json(self, data: dict) -> None:
-        """Inverse of :meth:`to_json`."""
-        self.groups = {int(k): TextGroup(prompt=v["prompt"], prefix=list(v["prefix"]),
-                                         completions={int(i): list(c) for i, c in v["completions"].items()},
-                                         rewards={int(i): float(r) for i, r in v.get("rewards", {}).items()})
-                       for k, v in data.items()}
 
 
 class TextStream:
@@ -306,23 +235,3 @@ class TextStream:
 
     def counters(self) -> dict:
         return {"sampler_calls": self.pool.chunks, "slot_utilization": self.pool.utilization}
-
-
-def pack_rows(seqs, masks, rewards, group_ids, *, num_groups: int, rows: int, width_buckets: Sequence[int],
-              pad_id: int) -> dict[str, np.ndarray]:
-    """Token sequences with their loss masks, rewards and group ids as right-padded numpy arrays:
-    tokens, attention_mask, loss_mask [rows, width bucket], rewards [rows], group_ids [rows] (padding
-    rows get their own id and an all-zero mask, so they change no group statistic)."""
-    if len(seqs) > rows:
-        raise ValueError(f"{len(seqs)} rollouts to train on exceed the batch of {rows} rows")
-    width = bucket(max(len(s) for s in seqs), width_buckets)
-    out = {"tokens": np.full((rows, width), pad_id, np.int32), "attention_mask": np.zeros((rows, width), np.int32),
-           "loss_mask": np.zeros((rows, width), np.int32), "rewards": np.zeros((rows,), np.float32),
-           "group_ids": np.arange(rows, dtype=np.int32) + num_groups}
-    for i, (s, m) in enumerate(zip(seqs, masks)):
-        out["tokens"][i, :len(s)] = s
-        out["attention_mask"][i, :len(s)] = 1
-        out["loss_mask"][i, :len(s)] = m
-    out["rewards"][:len(seqs)] = rewards
-    out["group_ids"][:len(seqs)] = group_ids
-    return out

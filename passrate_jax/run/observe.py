@@ -89,7 +89,7 @@ def check_step_scored(record: dict, errors: RewardErrors, data_cfg) -> None:
                             f"{record['answers_scored']}): {errors.last()}. Fix it and run again")
 
 
-def rollout_stats(backend, table) -> dict[str, float]:
+def rollout_stats(store, table) -> dict[str, float]:
     """Rewards as scored (``reward/mean``, ``reward/std``: a text run's scores, floats included; an
     environment's final-state rewards), tokens the policy generated (``response/length_mean``,
     ``response/length_max``: a text answer's completion, an episode's actions) and the fraction cut off by
@@ -98,38 +98,39 @@ def rollout_stats(backend, table) -> dict[str, float]:
     if not seen.any():
         return {}
     scores = np.asarray(table["score"], float)[seen]
-    lengths = np.array([backend.generated_tokens(int(key), int(index))
+    lengths = np.array([store.generated_tokens(int(key), int(index))
                         for key, index in zip(table["group_key"][seen], table["index"][seen])])
     return {"reward/mean": float(scores.mean()), "reward/std": float(scores.std()),
             "response/length_mean": float(lengths.mean()), "response/length_max": int(lengths.max()),
             "response/truncated_fraction": float(table["truncated"][seen].mean())}
 
 
-def groups_with_signal(backend, groups) -> int:
+def groups_with_signal(store, groups) -> int:
     """Trained groups whose rewards as scored differ, so that their advantages (and the update) are not all
     zero: with fractional rewards a group can carry signal without a success, and the reverse."""
     count = 0
     for g in groups:
-        scored = getattr(backend.groups.get(g.group_key), "rewards", None) or dict(enumerate(g.rewards))
-        count += len(set(scored.values())) > 1
+        kept = store.groups.get(g.group_key)
+        scored = {kept.score(i, s) if kept else s for i, s in enumerate(g.rewards)}
+        count += len(scored) > 1
     return count
 
 
 def sample_rows(session, table, step: int, count: int) -> list[dict]:
     """Up to ``count`` of the step's rollouts as (step, prompt, completion, reward) rows, one per group first
     (so the rows show different prompts). The completion is what the rollout wrote after its prompt (the
-    backend's ``response``: a text answer, an episode's turns with the environment's observations)."""
+    trajectory store's ``response``: a text answer, an episode's turns with the environment's observations)."""
     seen = np.flatnonzero(table["observed"].astype(bool))
     by_group: dict[int, int] = {}
     for row in seen:
         by_group.setdefault(int(table["group_key"][row]), int(row))
     picked = list(by_group.values())[:count]
     picked += [int(r) for r in seen if int(r) not in picked][:count - len(picked)]
-    backend, rows = session.backend, []
+    store, rows = session.backend.store, []
     for row in picked:
         key, index = int(table["group_key"][row]), int(table["index"][row])
-        rows.append({"step": step, "prompt": session.prompts[backend.groups[key].prompt].prompt,
-                     "completion": session.decode(backend.response(key, index)),
+        rows.append({"step": step, "prompt": session.prompts[store.groups[key].prompt].prompt,
+                     "completion": session.decode(store.response(key, index)),
                      "reward": float(table["score"][row])})
     return rows
 

@@ -38,7 +38,7 @@ from passrate_jax.model.lora import has_adapters, reference_params
 from passrate_jax.rl.batch import make_train_batch
 from passrate_jax.rl.optimizer import make_optimizer
 from passrate_jax.rl.train_step import make_train_step, policy_logprobs
-from passrate_jax.rollout.text import WIDTH_BUCKETS  # noqa: F401 - re-exported (launch/memory_probe.py)
+from passrate_jax.rollout.store import WIDTH_BUCKETS  # noqa: F401 - re-exported (launch/memory_probe.py)
 from passrate_jax.sampling.sampler import bucket
 from passrate_jax.run.session import Session
 
@@ -183,7 +183,7 @@ class Updater:
     def __call__(self, state: RunState, groups, step: int):
         """(params, opt_state, host metrics) after one update on ``groups``."""
         rows = bucket(sum(len(g.rewards) for g in groups), [self.rows_unit * k for k in (1, 2, 4, 8)])
-        arrays = self.backend.batch(groups, rows=rows)
+        arrays = self.backend.store.batch(groups, rows=rows)
         batch = make_train_batch(arrays["tokens"], arrays["attention_mask"], arrays["loss_mask"], arrays["rewards"],
                                  arrays["group_ids"], estimator=self.cfg.rl.advantage, eps=self.cfg.rl.advantage_eps)
         batch = jax.device_put(batch, self.fns.batch_sharding)
@@ -209,7 +209,7 @@ class Checkpoints:
 
     def save(self, state: RunState, backend) -> None:
         self.ckpt.save(state.step, state.arrays(), {"step": state.step, "rollouts_total": state.rollouts_total,
-                                                    "useful_total": state.useful_total, "store": backend.to_json()})
+                                                    "useful_total": state.useful_total, "store": backend.store.to_json()})
 
     def restore(self, like: RunState, backend) -> RunState:
         """The latest checkpoint, into the structure and shardings of ``like``; loads the trajectories.
@@ -217,7 +217,7 @@ class Checkpoints:
         check_allocator_layout(self.ckpt.saved_structure(self.resume_from), like.alloc_state,
                                f"{self.run_dir} (checkpoint of step {self.resume_from})")
         arrays, meta = self.ckpt.restore(self.resume_from, like.arrays())
-        backend.load_json(meta["store"])
+        backend.store.load_json(meta["store"])
         ref = arrays.get("ref_params")
         if like.ref_params is not None and ref is None:
             ref = reference_params(arrays["params"])
@@ -360,8 +360,8 @@ def train_step(s: Stages, state: RunState, step: int) -> tuple[RunState, dict]:
     t1 = time.perf_counter()
     record = {"step": step, **rollout_metrics(s.allocator, ro, backend)}
     # Reward errors by cause (replacing rollout_metrics' table-only count), rewards and lengths as scored.
-    record.update(s.errors.step(ro.table), **rollout_stats(backend, ro.table),
-                  groups_with_signal=groups_with_signal(backend, ro.result.groups))
+    record.update(s.errors.step(ro.table), **rollout_stats(backend.store, ro.table),
+                  groups_with_signal=groups_with_signal(backend.store, ro.result.groups))
     check_step_scored(record, s.errors, cfg.data)
     if cfg.logging.samples_every and step % cfg.logging.samples_every == 0:
         record["samples"] = sample_rows(s.session, ro.table, step, cfg.logging.samples_count)
@@ -378,7 +378,7 @@ def train_step(s: Stages, state: RunState, step: int) -> tuple[RunState, dict]:
                   f"{int(record['update/total_skipped_steps'])} skipped so far")
     distributed.check_same_on_every_host(f"step {step}'s rollouts and decisions", ro.table["reward"].tolist(),
                                          [(g.group_key, g.rewards) for g in groups])
-    backend.retain(ro.result.retained_keys)
+    backend.store.retain(ro.result.retained_keys)
     t2 = time.perf_counter()
     if step % cfg.eval_every == 0 or step == cfg.steps:
         record.update(_evaluate(s, params, step))
