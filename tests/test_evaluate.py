@@ -52,3 +52,24 @@ def test_greedy_only_evaluations_compare_without_a_sampled_difference():
     diff = paired_difference(summarise([0] * 20, [1] * 20), summarise([1] * 20, [1] * 20))
     assert diff["fixed"] == 20 and diff["mcnemar_p"] == pytest.approx(2 / 2 ** 20)
     assert "sampled_accuracy" not in diff
+
+
+def test_one_evaluation_asks_each_kind_for_greedy_and_sampled_success_counts():
+    from passrate_jax.run.evaluate import evaluate
+    from passrate_jax.sampling.config import SamplingConfig
+    calls = []
+
+    def count(n, cfg, seed):  # a kind of task: 3 prompts; greedy solves the first two, samples 1, 2, 3 of n
+        calls.append((n, cfg.temperature, seed))
+        return np.array([1, 1, 0]) if n == 1 else np.minimum([1, 2, 3], n)
+
+    out = evaluate(count, [0, 1, 1], sampling=SamplingConfig(temperature=0.7), temperature=0.9, seed=5,
+                   num_samples=4, ks=(1, 2))
+    assert calls == [(1, 0.0, 5), (4, 0.9, 6)]  # greedy at temperature 0 with the seed, samples with seed + 1
+    assert out["accuracy"] == 2 / 3 and out["accuracy_by_level"] == {0: 1.0, 1: 0.5}
+    assert out["pass@1"] == pytest.approx(np.mean([1 / 4, 2 / 4, 3 / 4]))
+    calls.clear()
+    evaluate(count, [0, 1, 1], sampling=SamplingConfig(), temperature=1.0, num_samples=2, greedy=False)
+    assert calls == [(2, 1.0, 1)]
+    with pytest.raises(ValueError, match="nothing to evaluate"):
+        evaluate(count, [0], sampling=SamplingConfig(), temperature=1.0, greedy=False)

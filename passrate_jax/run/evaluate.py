@@ -9,7 +9,6 @@ from math import comb
 import numpy as np
 
 from passrate_jax.sampling.config import SamplingConfig
-from passrate_jax.sampling.sampler import Context, Sampler
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -19,52 +18,24 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - comb(n - c, k) / comb(n, k)
 
 
-@dataclasses.dataclass(frozen=True)
-class EvalPrompt:
-    """One held-out prompt: its token ids, a verifier of a decoded response, and a difficulty level."""
-    prompt_ids: Sequence[int]
-    verify: Callable[[str], float]
-    level: int = 0
-
-
-def evaluate(sampler: Sampler, params, prompts: Sequence[EvalPrompt], decode: Callable[[list[int]], str], *,
-             seed: int = 0, num_samples: int = 0, ks: Sequence[int] = (1,), temperature: float = 1.0,
-             batch_contexts: int = 64, greedy: bool = True) -> dict:
-    """Greedy accuracy of ``params`` on ``prompts`` (overall and per level), plus pass@k for each k in ``ks``
-    from ``num_samples`` sampled answers per prompt when ``num_samples > 0``. ``greedy=False`` skips the
-    greedy answers (the sampled keys only; needs ``num_samples > 0``).
+def evaluate(count_successes: Callable[[int, SamplingConfig, int], np.ndarray], levels: Sequence[int], *,
+             sampling: SamplingConfig, temperature: float, seed: int = 0, num_samples: int = 0,
+             ks: Sequence[int] = (1,), greedy: bool = True) -> dict:
+    """One held-out evaluation for every kind of task. ``count_successes(n, cfg, seed)``: per held-out
+    prompt, how many of its ``n`` rollouts (text answers, environment episodes) sampled with ``cfg``
+    succeed. Greedy accuracy (one rollout at temperature 0, overall and per level of ``levels``), plus
+    pass@k for each k in ``ks`` from ``num_samples`` rollouts per prompt at ``temperature`` when
+    ``num_samples > 0``; ``greedy=False`` skips the greedy rollouts (needs ``num_samples > 0``).
 
     Returns ``{"accuracy": float, "accuracy_by_level": {level: float}, "pass@k": float, ...}``.
     """
     if not greedy and num_samples <= 0:
         raise ValueError(f"evaluate(greedy=False, num_samples={num_samples}): nothing to evaluate")
-    correct = _greedy_correct(sampler, params, prompts, decode, seed, batch_contexts) if greedy else None
+    correct = count_successes(1, dataclasses.replace(sampling, temperature=0.0), seed) if greedy else None
     successes = None
     if num_samples > 0:
-        sample_cfg: SamplingConfig = dataclasses.replace(sampler.cfg, temperature=temperature)
-        successes = np.zeros(len(prompts), int)
-        per_chunk = max(1, batch_contexts // num_samples)
-        for start in range(0, len(prompts), per_chunk):
-            chunk = prompts[start:start + per_chunk]
-            result = sampler.generate([Context(p.prompt_ids, num_samples=num_samples, context_id=start + i)
-                                       for i, p in enumerate(chunk)], seed=seed + 1, params=params, cfg=sample_cfg)
-            for row, ctx in enumerate(result.context_index):
-                successes[start + ctx] += chunk[ctx].verify(decode(result.completion(row))) > 0
-    return summarise(correct, [p.level for p in prompts], successes, num_samples, ks)
-
-
-def _greedy_correct(sampler: Sampler, params, prompts: Sequence[EvalPrompt], decode, seed: int,
-                    batch_contexts: int) -> np.ndarray:
-    """Per prompt, the verifier's score of its greedy answer."""
-    greedy_cfg = dataclasses.replace(sampler.cfg, temperature=0.0)
-    correct = np.zeros(len(prompts))
-    for start in range(0, len(prompts), batch_contexts):
-        chunk = prompts[start:start + batch_contexts]
-        result = sampler.generate([Context(p.prompt_ids, num_samples=1, context_id=start + i)
-                                   for i, p in enumerate(chunk)], seed=seed, params=params, cfg=greedy_cfg)
-        for row, ctx in enumerate(result.context_index):
-            correct[start + ctx] = chunk[ctx].verify(decode(result.completion(row)))
-    return correct
+        successes = count_successes(num_samples, dataclasses.replace(sampling, temperature=temperature), seed + 1)
+    return summarise(correct, levels, successes, num_samples, ks)
 
 
 def summarise(correct, levels, successes=None, num_samples: int = 0, ks: Sequence[int] = (1,)) -> dict:

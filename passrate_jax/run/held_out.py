@@ -1,11 +1,11 @@
-"""A session's held-out evaluation, by the kind of its tasks: text answers scored by the run's verifier
-(``evaluate.evaluate``), or whole environment episodes scored by the environment's reward. Both return
-the same keys (``evaluate.summarise``): greedy accuracy overall and per level, pass@k of sampled ones.
+"""A session's held-out evaluation: one evaluation (``evaluate.evaluate``: greedy accuracy overall and per
+level, pass@k of sampled rollouts) over a count of successes by the kind of its tasks: text answers scored
+by the run's verifier, or whole environment episodes scored by the environment's reward.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import functools
 
 import numpy as np
 
@@ -15,8 +15,8 @@ from passrate_jax.envs.base import Episode
 from passrate_jax.envs.episodes import Start, run_episodes
 from passrate_jax.envs.replay import TurnCodec
 from passrate_jax.run.config import episode_limits
-from passrate_jax.run.evaluate import EvalPrompt, evaluate, summarise
-
+from passrate_jax.run.evaluate import evaluate
+from passrate_jax.sampling.sampler import Context
 
 
 def no_heldout() -> dict:
@@ -26,40 +26,37 @@ def no_heldout() -> dict:
 
 def evaluate_session(session, params, *, seed: int = 0, num_samples: int = 0, ks=(1,), greedy: bool = True) -> dict:
     """Greedy held-out accuracy (overall and per level) of ``params``; pass@k with ``num_samples``
-    (``greedy=False``: those only). Environments: success of whole episodes."""
+    (``greedy=False``: those only). Text answers are scored by the run's verifier, environment episodes by
+    the environment's reward; one evaluation (``evaluate.evaluate``) for both."""
+    if not session.heldout:
+        return no_heldout()
     if session.cfg.data.source == "env":
-        return evaluate_episodes(session, params, seed=seed, num_samples=num_samples, ks=ks, greedy=greedy)
-    threshold = session.cfg.data.reward_threshold
-
-    def verifier(record):
-        return lambda text: float(session.score([record], [text])[0] >= threshold)
-    prompts = [EvalPrompt(ids, verifier(r), int(r.metadata.get("level", 0)))
-               for r, ids in zip(session.heldout, session.heldout_tokens)]
-    if not prompts:
-        return no_heldout()
-    return evaluate(session.sampler, params, prompts, session.decode, seed=seed, num_samples=num_samples, ks=ks,
-                    temperature=session.cfg.sampling.temperature, greedy=greedy)
+        tasks = [task_of(r) for r in session.heldout]
+        count, levels = functools.partial(_episode_successes, session, params, tasks), [t.level for t in tasks]
+    else:
+        count = functools.partial(_answer_successes, session, params)
+        levels = [int(r.metadata.get("level", 0)) for r in session.heldout]
+    return evaluate(count, levels, sampling=session.sampler.cfg, temperature=session.cfg.sampling.temperature,
+                    seed=seed, num_samples=num_samples, ks=ks, greedy=greedy)
 
 
-def evaluate_episodes(session, params, *, seed: int = 0, num_samples: int = 0, ks=(1,), batch_contexts: int = 64,
-                      greedy: bool = True) -> dict:
-    """Held-out success of ``params`` in the session's environment: greedy episodes (overall and per
-    level), plus pass@k from ``num_samples`` sampled episodes per task at the configured temperature."""
-    tasks = [task_of(r) for r in session.heldout]
-    if not tasks:
-        return no_heldout()
-    sampler_cfg = session.sampler.cfg
-    correct = counts = None
-    if greedy:
-        correct = _episode_successes(session, params, tasks, 1, dataclasses.replace(sampler_cfg, temperature=0.0),
-                                     seed, batch_contexts)
-    if num_samples > 0:
-        sampled = dataclasses.replace(sampler_cfg, temperature=session.cfg.sampling.temperature)
-        counts = _episode_successes(session, params, tasks, num_samples, sampled, seed + 1, batch_contexts)
-    return summarise(correct, [t.level for t in tasks], counts, num_samples, ks)
+def _answer_successes(session, params, n: int, sampler_cfg, seed: int, batch_contexts: int = 64) -> np.ndarray:
+    """Per held-out prompt, how many of its ``n`` answers the run's verifier scores at or above
+    ``data.reward_threshold``, ``batch_contexts`` answers sampled at a time."""
+    threshold, records, prompt_ids = session.cfg.data.reward_threshold, session.heldout, session.heldout_tokens
+    out = np.zeros(len(records), int)
+    per_chunk = max(1, batch_contexts // n)
+    for lo in range(0, len(records), per_chunk):
+        hi = min(lo + per_chunk, len(records))
+        result = session.sampler.generate([Context(prompt_ids[i], num_samples=n, context_id=i) for i in range(lo, hi)],
+                                          seed=seed, params=params, cfg=sampler_cfg)
+        for row, ctx in enumerate(result.context_index):
+            text = session.decode(result.completion(row))
+            out[lo + ctx] += session.score([records[lo + ctx]], [text])[0] >= threshold
+    return out
 
 
-def _episode_successes(session, params, tasks, n: int, sampler_cfg, seed: int, batch_contexts: int) -> np.ndarray:
+def _episode_successes(session, params, tasks, n: int, sampler_cfg, seed: int, batch_contexts: int = 64) -> np.ndarray:
     """Per held-out task, how many of its ``n`` episodes succeed (reward >= ``data.reward_threshold``),
     run ``batch_contexts`` episodes at a time."""
     env, codec = resolve_env(session.cfg.data.env), TurnCodec(session.tokenizer)
