@@ -50,3 +50,32 @@ def test_engine_tokens_equal_round_mode(cfg):
         np.testing.assert_allclose(f.policy_logprobs, rounds.policy_logprobs[row, :len(f.ids)], atol=1e-5)
     assert len(set(rounds.lengths.tolist())) > 1  # rows of different lengths: stops and budgets
     assert pool.generated == int(rounds.lengths.sum())
+
+
+def test_the_pool_refills_as_the_simulators_model_of_it_does():
+    """The real pool against ``tests/test_sim_engine.py``'s host model of it (which the simulator is
+    cross-checked against), fed the real answers' lengths: every ``advance`` delivers the same rollouts,
+    in the same number of chunks. With 2 slots for 11 rollouts the queue is rarely empty, so this checks
+    that a slot freed in one chunk takes a queued rollout in the next (harvesting after the dispatch
+    alone refills a chunk later and fails it)."""
+    from types import SimpleNamespace
+
+    from tests.test_sim_engine import PoolModel
+    sampler = Sampler(tiny_model(), GREEDY, eos_id=EOS)
+    sampler.reserve_store(8, 32)
+    pool = SlotEngine(sampler, rows=2, chunk=3).pool(sampler.kv_store(), seed=5)
+    for c in CONTEXTS:
+        pool.add(c, tag=c.context_id)
+    real = []
+    while not pool.idle:
+        real.append([(f.tag, f.sample_index, len(f.ids)) for f in pool.advance()])
+    lengths = {(tag, index): n for call in real for tag, index, n in call}
+    assert len(lengths) == 11 and len(set(lengths.values())) > 1
+    model = PoolModel(SimpleNamespace(lengths=lengths), slots=2, chunk=3)
+    for c in CONTEXTS:
+        model.add(SimpleNamespace(num_rollouts=c.num_samples, first_index=c.first_sample_index,
+                                  prompt_id=c.context_id), tag=c.context_id)
+    modelled = []
+    while not model.idle:
+        modelled.append([(tag, index, lengths[key]) for tag, index, key in model.advance()])
+    assert real == modelled and pool.chunks == model.chunks

@@ -40,10 +40,11 @@ def _stepper(run, allocator, timing):
 def test_tiny_step_counted_by_hand():
     """One prompt, N = 4 answers of 5, 2, 7 and 1 tokens (L - 1 decode steps each: 4, 1, 6, 0).
     Rounds: one call of 4 rows x 6 steps = 24 slot-steps, 11 live. Engine, 2 slots, chunks of 3:
-    chunk 0 runs answers 0, 1 (3 steps: 6 slot-steps); chunk 1 finishes answer 0 (1 step: 2); answer 1,
-    harvested after chunk 1, frees its slot for answer 2 in chunk 2 (3 steps: 6); answer 0's slot takes
-    answer 3 (ended at its first token) in chunk 3 (3 steps: 6); chunk 4 runs no step and delivers the
-    last two: 20 slot-steps, 11 live, 5 chunks."""
+    chunk 0 runs answers 0, 1 (3 steps: 6 slot-steps); answers are still queued, so chunk 0's harvest is
+    read before chunk 1 starts: answer 1's slot takes answer 2, and chunk 1 finishes answer 0 and runs
+    answer 2 (3 steps: 6); answer 0's slot takes answer 3 (ended at its first token) in chunk 2, which
+    finishes answer 2 (3 steps: 6); chunk 3 runs no step and delivers the last two: 18 slot-steps, 11
+    live, 4 chunks. (Harvesting after the dispatch alone, slots would refill a chunk later: 20, 5.)"""
     allocator = Allocator(AllocationConfig(method="uniform", num_prompts=1, group_size=4), PrefixSamplingConfig(), 1)
     state = allocator.init(jax.random.PRNGKey(0))
     lengths, rewards = [[5, 2, 7, 1]], [[1, 0, 1, 0]]
@@ -52,7 +53,7 @@ def test_tiny_step_counted_by_hand():
     _, e, engine = _stepper(run_step_events, allocator, timing)(state, np.array(rewards), np.array(lengths))
     assert {k: int(v) for k, v in rounds.items() if k in ("slot_steps", "live_steps", "chunks")} == {
         "slot_steps": 24, "live_steps": 11, "chunks": 1}
-    assert {k: int(v) for k, v in engine.items()} == {"chunks": 5, "slot_steps": 20, "live_steps": 11, "aborted": 0,
+    assert {k: int(v) for k, v in engine.items()} == {"chunks": 4, "slot_steps": 18, "live_steps": 11, "aborted": 0,
                                                       "wasted": 0, "limit_hit": 0, "stuck": 0, "ring_overflow": 0}
     assert int(t.trained) == int(e.trained) == 1
 
@@ -61,7 +62,8 @@ class PoolModel:
     """A host model of ``sampling/slot_pool.py``'s ``SlotPool`` for ``collect_rollouts_events``: queued
     rollouts start in the lowest free slots, a chunk decodes up to ``chunk`` steps of every live row (a
     rollout's first token comes with its insert), and a chunk's finished rows are delivered by the next
-    ``advance`` after it dispatches. Counts chunks, slot-steps and live steps."""
+    ``advance``: before it starts queued rollouts when any are queued (their slots are refilled at once),
+    else after it dispatches. Counts chunks, slot-steps and live steps."""
 
     def __init__(self, backend, slots: int, chunk: int):
         self.backend, self.chunk = backend, chunk
@@ -78,7 +80,16 @@ class PoolModel:
             self.queue.append({"out": (tag, index, (request.prompt_id, index)), "left": 0, "tokens": 1,
                                "length": self.backend.lengths[request.prompt_id, index]})
 
+    def _deliver(self, out):
+        for slot, o in self.pending.popleft():
+            if self.occupant[slot] is o:
+                out.append(o["out"])
+                self.occupant[slot] = None
+
     def advance(self):
+        out = []
+        if self.queue and self.pending:
+            self._deliver(out)
         for slot in [i for i, o in enumerate(self.occupant) if o is None][:len(self.queue)]:
             o = self.occupant[slot] = self.queue.popleft()
             o["left"], o["start"] = o["length"] - 1, self.chunks
@@ -92,12 +103,8 @@ class PoolModel:
             self.live_steps += sum(gains)
             self.pending.append([(s, o) for s, o in enumerate(self.occupant) if o is not None and o["left"] == 0])
             self.chunks += 1
-        out = []
         while len(self.pending) > (1 if dispatched else 0):
-            for slot, o in self.pending.popleft():
-                if self.occupant[slot] is o:
-                    out.append(o["out"])
-                    self.occupant[slot] = None
+            self._deliver(out)
         return out
 
     def abort(self):

@@ -12,8 +12,11 @@
 does not hold them: one prefill per distinct context a step, as in round mode), dispatches one chunk of
 ``chunk`` decode steps, then reads the harvest of the *previous* chunk: the device decodes chunk c while
 the host scores and decides on chunk c - 1 (JAX's asynchronous dispatch), and what the host decides
-starts at chunk c + 1. The lag is fixed, so which chunk a rollout starts and ends in depends only on the
-rollouts' lengths and the host's decisions, never on timing: a seed gives the same run.
+starts at chunk c + 1. Rollouts already queued do not wait for a decision: while the queue holds any,
+``advance`` reads the previous chunk's harvest *before* dispatching, so a slot freed in chunk c - 1 is
+refilled in chunk c, not c + 1 (the device waits for that read and the inserts, not for the verifier,
+which still scores while chunk c runs). The lags are fixed, so which chunk a rollout starts and ends in
+depends only on the rollouts' lengths and the host's decisions, never on timing: a seed gives the same run.
 """
 
 from __future__ import annotations
@@ -151,14 +154,17 @@ class SlotPool:
 
     def advance(self) -> list[Finished]:
         """Start queued rollouts in free slots, dispatch one chunk, and return the rollouts that finished
-        in the chunk before it (in slot order), freeing their slots."""
+        in the chunk before it (in slot order), freeing their slots. With rollouts queued, that chunk's
+        harvest is read before the start, so its freed slots take queued rollouts in this chunk."""
+        out = []
+        if self.queue and self._harvests:
+            out += self._read(*self._harvests.popleft())
         self._start_queued()
         dispatched = any(o is not None for o in self.occupant)
         if dispatched:
             self.state, harvest = self.engine._chunk(self.store.params, self.state, *self._scalars[1:])
             self._harvests.append((self.chunks, harvest))
             self.chunks += 1
-        out = []
         while len(self._harvests) > (1 if dispatched else 0):
             out += self._read(*self._harvests.popleft())
         return out

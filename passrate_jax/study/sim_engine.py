@@ -12,8 +12,9 @@ answer of L tokens is L - 1 decode steps):
   over the pool of ``passrate_jax/sampling/slot_pool.py``, as pure functions. ``S`` slots; queued
   rollouts start in free slots (lowest slot first, in issue order); a chunk runs up to ``k`` decode
   steps of every live row (fewer when every row ends sooner): steps x S slot-steps; a rollout that ends
-  in chunk c is delivered after chunk c + 1 is dispatched (the host scores chunk c while the device
-  runs c + 1). Requests retire in issue order; the retired requests of one harvest are one event for
+  in chunk c is delivered by the next ``advance``: after chunk c + 1 is dispatched (the host scores chunk
+  c while the device runs c + 1), or, while rollouts are queued, before, so that its slot takes a queued
+  rollout in chunk c + 1. Requests retire in issue order; the retired requests of one harvest are one event for
   ``observe_event``, after which ``plan_event`` issues new requests. The step ends when the machine is
   done; rollouts still queued or in slots are aborted (counted, their tokens wasted).
 
@@ -109,9 +110,19 @@ def _start(f: Flights, p: Pool):
     return f.replace(started_q=f.started_q.at[jnp.where(take, r, ring.shape[0])].add(1, mode="drop")), p
 
 
+def _deliver(f: Flights, p: Pool, before: jax.Array, when: jax.Array):
+    """If ``when``, deliver the rollouts that ended in a chunk before ``before`` (their requests'
+    ``delivered_q`` counts go up, their slots are freed)."""
+    deliver = when & (p.seq_s >= 0) & (p.left_s == 0) & (p.done_at_s < before)
+    q = f.key_q.shape[0]
+    f = f.replace(delivered_q=f.delivered_q.at[jnp.where(deliver, p.seq_s % q, q)].add(1, mode="drop"))
+    return f, p.replace(seq_s=jnp.where(deliver, -1, p.seq_s))
+
+
 def advance(f: Flights, p: Pool, timing: Timing):
-    """One ``SlotPool.advance``: start queued rollouts, dispatch one chunk, deliver the previous chunk's
-    finished rollouts (their requests' ``delivered_q`` counts go up, their slots are freed)."""
+    """One ``SlotPool.advance``: deliver the previous chunk's finished rollouts first if rollouts are
+    queued, start queued rollouts, dispatch one chunk, then deliver the previous chunk's finished rollouts."""
+    f, p = _deliver(f, p, p.chunks, jnp.sum(_queued(f)) > 0)
     f, p = _start(f, p)
     occupied = p.seq_s >= 0
     live = occupied & (p.left_s > 0)
@@ -122,10 +133,7 @@ def advance(f: Flights, p: Pool, timing: Timing):
     p = p.replace(left_s=left, tokens_s=p.tokens_s + gain, done_at_s=jnp.where(live & (left == 0), c, p.done_at_s),
                   slot_steps=p.slot_steps + jnp.max(gain, initial=0) * timing.slots,
                   live_steps=p.live_steps + jnp.sum(gain), chunks=c + dispatched.astype(jnp.int32))
-    deliver = occupied & (p.left_s == 0) & (p.done_at_s < c)
-    q = f.key_q.shape[0]
-    f = f.replace(delivered_q=f.delivered_q.at[jnp.where(deliver, p.seq_s % q, q)].add(1, mode="drop"))
-    return f, p.replace(seq_s=jnp.where(deliver, -1, p.seq_s))
+    return _deliver(f, p, c, jnp.bool_(True))
 
 
 def ready(f: Flights):
