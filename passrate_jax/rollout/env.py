@@ -124,7 +124,7 @@ class EnvRollouts(StepKV):
         step), ``env/error_observations`` and ``env/turns_mean`` (mean episode length in assistant turns)
         of the step's episodes."""
         seen = table["observed"].astype(bool)
-        turns = table["turns"][seen] if "turns" in table else np.zeros(0)
+        turns = table["turns"][seen]
         return {**super().close_step(table), "env/replay_rejected": len(table.unobserved_groups()),
-                "env/error_observations": int(table["action_errors"][seen].sum()) if "action_errors" in table else 0,
+                "env/error_observations": int(table["action_errors"][seen].sum()),
                 "env/turns_mean": float(np.mean(turns)) if len(turns) else float("nan")}

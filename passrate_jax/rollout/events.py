@@ -104,11 +104,11 @@ def collect_rollouts_events(allocator: Allocator, state: AllocatorState, backend
                 raise RuntimeError("event loop: nothing in flight, yet the allocation step is not done")
         counters = {**stream.counters(), **_abort(stream, ahead)}
     finally:
-        prefill = backend.close_step(table)
+        backend_counters = backend.close_step(table)
     result, new_state = run.finish(abort=True)
     if unobserved := table.unobserved_groups():
         result = dataclasses.replace(result, groups=[g for g in result.groups if g.group_key not in unobserved])
-    return StepRollouts(result, new_state, table, prefill, engine=counters, opened=opened,
+    return StepRollouts(result, new_state, table, backend_counters, engine=counters, opened=opened,
                         replay_buckets=replay_buckets)
 
 

@@ -67,7 +67,7 @@ class StepRollouts:
     result: StepResult
     state: AllocatorState
     table: RolloutTable
-    prefill: dict = dataclasses.field(default_factory=dict)
+    backend_counters: dict = dataclasses.field(default_factory=dict)
     engine: dict = dataclasses.field(default_factory=dict)
     # The study's premise probes (passrate_jax/study/probes.py): prompts opened fresh this step, and the
     # PS bucket of each re-rollout group (by group key); both loops fill them through note_requests.
@@ -103,11 +103,11 @@ def collect_rollouts(allocator: Allocator, state: AllocatorState, backend: Rollo
             backend.record(live, rollouts, table, rows)
             run.observe(results)
     finally:
-        prefill = backend.close_step(table)
+        backend_counters = backend.close_step(table)
     result, new_state = run.finish()
     if unobserved := table.unobserved_groups():
         result = dataclasses.replace(result, groups=[g for g in result.groups if g.group_key not in unobserved])
-    return StepRollouts(result, new_state, table, prefill, engine={"sampler_calls": calls}, opened=opened,
+    return StepRollouts(result, new_state, table, backend_counters, engine={"sampler_calls": calls}, opened=opened,
                         replay_buckets=replay_buckets)
 
 
@@ -148,8 +148,8 @@ def rollout_metrics(allocator: Allocator, rollouts: StepRollouts, backend: Rollo
         "train_prompts": getattr(allocator, "num_prompts", None),
         "evicted_total": int(np.sum(np.asarray(getattr(rollouts.state, "evicted", 0)))),
     }
-    if "prefill_tokens" in rollouts.prefill:
-        p, c = rollouts.prefill["prefill_tokens"], rollouts.prefill["context_tokens"]
+    if "prefill_tokens" in rollouts.backend_counters:
+        p, c = rollouts.backend_counters["prefill_tokens"], rollouts.backend_counters["context_tokens"]
         m.update(prefill_ratio=p / c if c else float("nan"))
     if allocator.ps.enabled:
         pcs = rollouts.state.prefix_control
@@ -160,7 +160,7 @@ def rollout_metrics(allocator: Allocator, rollouts: StepRollouts, backend: Rollo
             if r.replay_rollouts[b] > 0:
                 m[f"ps/pass_rate/{s}"] = float(r.replay_successes[b] / r.replay_rollouts[b])
         m.update(_replay_histograms(rollouts, n))
-    return {**m, **rollouts.engine, **rollouts.prefill}
+    return {**m, **rollouts.engine, **rollouts.backend_counters}
 
 
 def _replay_histograms(rollouts: StepRollouts, n: int) -> dict:

@@ -60,11 +60,11 @@ class Group:
 
     def score(self, index: int, success: int) -> float:
         """The score rollout ``index`` is trained on: its table row's ``score`` (the allocator's success
-        bit where the table has none, e.g. a checkpoint written before scores were kept)."""
+        bit where it has no row, e.g. restored from a checkpoint written before scores were kept)."""
         if index not in self.rows:
             return float(success)
         table, row = self.rows[index]
-        return float(table["score"][row]) if "score" in table else float(table["reward"][row])
+        return float(table["score"][row])
 
     def scores(self) -> dict[int, float]:
         return {i: self.score(i, 0) for i in self.rows}

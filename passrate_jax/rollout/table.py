@@ -28,7 +28,8 @@ class RolloutTable:
 
     def __init__(self):
         self._columns: dict[str, list[np.ndarray]] = {}
-        self._joined: dict[str, np.ndarray] = {}  # columns concatenated since the last add
+        self._joined: dict[str, np.ndarray] = {}  # columns concatenated since the last append
+        self._rows = 0
 
     def __getitem__(self, name: str) -> np.ndarray:
         if name not in self._joined:
@@ -40,14 +41,15 @@ class RolloutTable:
         return name in self._columns
 
     def __len__(self) -> int:
-        return len(self["group_key"])
+        return self._rows
 
     def append(self, columns: dict[str, np.ndarray]) -> np.ndarray:
         """Append rows (every column the same length); returns their row numbers."""
-        first, n = len(self), len(columns["group_key"])
+        first, n = self._rows, len(columns["group_key"])
         for k, v in columns.items():
             self._columns.setdefault(k, []).append(np.asarray(v))
         self._joined.clear()
+        self._rows += n
         return np.arange(first, first + n)
 
     def add(self, requests: Sequence[Request], observed: Sequence[bool],

@@ -93,7 +93,8 @@ class StepKV:
         self._kv = None if self.sampler is None else (params, self.sampler.kv_store(params))
 
     def close_step(self, table: RolloutTable) -> dict[str, int]:
-        """Free the step's KV rows (``table``: the step's rollouts, for a backend's own counters); its ``prefill_tokens``, ``context_tokens`` and ``unshared_prefill_tokens``
+        """Free the step's KV rows (``table``: the step's rollouts, for a backend's own counters); its
+        ``prefill_tokens``, ``context_tokens`` and ``unshared_prefill_tokens``
         (``PrefixStore``'s counters; empty: no step open)."""
         kv, self._kv = self._kv, None
         if kv is None:
