@@ -8,9 +8,10 @@ Measurements, each in its own try block (a failure is recorded and the rest stil
 * ``matmul``: a jitted square bfloat16 matmul on random data, the measured ceiling beside the datasheet peak.
 * ``sampler_<engine>``: sampler new tokens/s in the Qwen3-0.6B preset's shape (configs/qwen3_0p6b_gpu.yaml,
   random weights), 32 prompts x 8 rows, 256-token prompts, 512 new tokens, for every engine that
-  ``SamplingConfig.engine`` offers (``rounds``, and ``slots`` once the continuous-batching engine exists):
-  a fixed-length job (every row to the token limit) and a varied-length one (per-row budgets drawn from a
-  lognormal, p99 / median about 6), with the decode slot utilization of the varied job.
+  ``SamplingConfig.engine`` offers: ``rounds`` (one ``Sampler.generate`` over every row) and ``slots`` (the
+  slot engine a run drives, a pool of half as many slots as rows, refilled from the queue between chunks of
+  8 decode steps): a fixed-length job (every row to the token limit) and a varied-length one (per-row
+  budgets drawn from a lognormal, p99 / median about 6), with the decode slot utilization of the varied job.
 * ``update_remat_<none|full>``: the training step of the 0.6B shape at the preset's micro-batch (4 rows of
   768 tokens), model FLOP/s and MFU against the chip's bf16 dense peak (benchmarks/update.py's count).
 * ``memory_1p7b``: the 1.7B preset's peak bytes per device, launch/memory_probe.py's method (programs
@@ -53,7 +54,7 @@ from benchmarks import update as update_bench  # noqa: E402
 from launch import memory_probe  # noqa: E402
 from passrate_jax.rl.config import RLConfig  # noqa: E402
 from passrate_jax.run.config import load_config  # noqa: E402
-from passrate_jax.sampling import Context, Sampler, SamplingConfig  # noqa: E402
+from passrate_jax.sampling import Context, Sampler, SamplingConfig, SlotEngine  # noqa: E402
 
 # bfloat16 dense (no structured sparsity) peak FLOP/s per chip, keyed by a substring of jax's device_kind;
 # the first match wins, so a variant's name comes before its family's. Sources: NVIDIA's H200 datasheet
@@ -80,6 +81,7 @@ class Profile:
     matmul_size: int
     model_overrides: tuple[str, ...]  # applied to configs/qwen3_0p6b_gpu.yaml's model (sampler and update)
     sampler_job: tuple[int, int, int, int]  # prompts, rows per prompt, prompt tokens, new tokens
+    engine_slots: int  # the slot engine's pool: half the job's rows, so finished rows are refilled from the queue
     update_job: tuple[int, int, int, int]  # rows, tokens per row (prompt 1/3), micro-batches, timed steps
     memory_overrides: tuple[str, ...]  # applied to configs/qwen3_1p7b_gpu.yaml
     memory_prompt_tokens: int
@@ -87,14 +89,16 @@ class Profile:
 
 
 # The presets' shapes: qwen3_gsm8k.yaml's 32 prompts x 8 rollouts, prompts < 256 tokens, 512 new tokens; the
-# update's micro-batch of 4 rows x 768 tokens (rl.grad_accum 64 of 256 rows). Estimates: guesses until a run.
+# update's micro-batch of 4 rows x 768 tokens (rl.grad_accum 64 of 256 rows). Estimates: an H200, 2026-12-04.
 GPU = Profile("gpu", budget_s=420.0, matmul_size=8192, model_overrides=(), sampler_job=(32, 8, 256, 512),
+              engine_slots=128,
               update_job=(32, 768, 8, 3), memory_overrides=(), memory_prompt_tokens=256,
-              estimates_s={"matmul": 15, "sampler": 90, "update": 75, "memory": 60})
+              estimates_s={"matmul": 10, "sampler": 90, "update": 30, "memory": 40})
 SMALL_MODEL = ("model.vocab_size=512", "model.hidden_size=64", "model.intermediate_size=128", "model.num_layers=2",
                "model.num_heads=4", "model.num_kv_heads=2", "model.head_dim=16")
 # The budget is far above the minute or two this takes, so a loaded machine does not skip what the test checks.
 CPU = Profile("cpu", budget_s=600.0, matmul_size=256, model_overrides=SMALL_MODEL, sampler_job=(4, 4, 32, 32),
+              engine_slots=8,
               update_job=(8, 48, 2, 2), memory_overrides=SMALL_MODEL, memory_prompt_tokens=32,
               estimates_s={"matmul": 2, "sampler": 15, "update": 15, "memory": 15})
 
@@ -161,16 +165,6 @@ def round_utilization(lengths: np.ndarray, rows: int) -> float:
     return float(np.sum(lengths)) / (rows * max(int(np.max(lengths)), 1))
 
 
-def reported_utilization(sampler, result) -> float | None:
-    """The sampler's own slot utilization, where it reports one (``slot_utilization`` on the result or
-    the sampler: the continuous-batching engine's counter); None in round mode today."""
-    for owner in (result, sampler):
-        value = getattr(owner, "slot_utilization", None)
-        if value is not None:
-            return float(value)
-    return None
-
-
 def varied_budgets(rows: int, new_tokens: int, seed: int = 0) -> list[int]:
     """Per-row token budgets with a long tail: lognormal, median new_tokens / 6, sigma 0.8 (p99 / median
     about 6.4), clipped to [4, new_tokens]; the answer lengths of a reasoning workload, not of random text."""
@@ -187,10 +181,33 @@ def time_varied_job(sampler, prompts: list, samples: int, budgets: list[int]) ->
     run = lambda i: results.append(sampler.generate(varied, seed=i, store=sampler.kv_store()))  # noqa: E731
     run(0)
     seconds = sampler_bench.timed(lambda i: run(i + 1), 2)
-    return seconds, results[-1]
+    return seconds, results[-1].lengths
 
 
-def measure_sampler(model_cfg, job: tuple[int, int, int, int], engine: str | None, peak: float | None) -> dict:
+def engine_pass(engine: SlotEngine, sampler, contexts: list[Context], seed: int) -> tuple[np.ndarray, float]:
+    """One pass of the slot engine over ``contexts`` (queued in order, a fresh step store): the lengths of
+    the rollouts it finished and the pool's own slot utilization (live rows / slots over its decode steps)."""
+    pool = engine.pool(sampler.kv_store(), seed=seed)
+    for c in contexts:
+        pool.add(c, tag=c.context_id)
+    lengths = []
+    while not pool.idle:
+        lengths += [len(f.ids) for f in pool.advance()]
+    return np.asarray(lengths), pool.utilization
+
+
+def time_engine_job(engine: SlotEngine, sampler, contexts: list[Context]) -> tuple[float, np.ndarray, float]:
+    """Best seconds of 2 engine passes after a compiling one, with the last pass's lengths and utilization."""
+    results = [engine_pass(engine, sampler, contexts, 0)]
+    seconds = sampler_bench.timed(lambda i: results.append(engine_pass(engine, sampler, contexts, i + 1)), 2)
+    return seconds, *results[-1]
+
+
+def measure_sampler(model_cfg, job: tuple[int, int, int, int], engine: str | None, peak: float | None,
+                    slots: int = 0, chunk: int = 8) -> dict:
+    """Round mode (``engine`` None or rounds): ``Sampler.generate`` over every row at once. ``slots``: the
+    slot engine (``SlotEngine``, what a run with ``sampling.engine=slots`` drives) with ``slots`` rows,
+    refilled between chunks of ``chunk`` decode steps, over the same rollouts queued in order."""
     prompts_n, samples, prompt_len, new_tokens = job
     rows = prompts_n * samples
     prompts = np.random.default_rng(1).integers(3, model_cfg.vocab_size, (prompts_n, prompt_len)).tolist()
@@ -198,24 +215,31 @@ def measure_sampler(model_cfg, job: tuple[int, int, int, int], engine: str | Non
     sampler = Sampler(sampler_bench.random_model(model_cfg),
                       sampler_bench.bench_config(prompts_n, samples, prompt_len, new_tokens, **options), eos_id=None)
     fixed = [Context(p, num_samples=samples, context_id=i) for i, p in enumerate(prompts)]
-    sampler.generate(fixed, seed=0)  # compiles
-    fixed_s = sampler_bench.timed(lambda i: sampler.generate(fixed, seed=i + 1), 2)
     budgets = varied_budgets(rows, new_tokens)
-    varied_s, varied = time_varied_job(sampler, prompts, samples, budgets)
+    utilization, source = None, "not reported by this engine"
+    if engine == "slots":
+        slot_engine = SlotEngine(sampler, rows=slots or rows, chunk=chunk, length=prompt_len + new_tokens)
+        varied = [Context(prompts[r // samples], num_samples=1, context_id=r // samples,
+                          first_sample_index=r % samples, max_new_tokens=b) for r, b in enumerate(budgets)]
+        fixed_s, _, _ = time_engine_job(slot_engine, sampler, fixed)
+        varied_s, lengths, utilization = time_engine_job(slot_engine, sampler, varied)
+        source, pool = "reported by the slot engine's pool", {"slots": slot_engine.rows, "chunk_tokens": chunk}
+    else:
+        sampler.generate(fixed, seed=0)  # compiles
+        fixed_s = sampler_bench.timed(lambda i: sampler.generate(fixed, seed=i + 1), 2)
+        varied_s, lengths = time_varied_job(sampler, prompts, samples, budgets)
+        utilization, source, pool = round_utilization(lengths, rows), "computed from the lengths (round mode)", {}
     flops = sampler_bench.job_flops(model_cfg, prompts_n, rows, prompt_len, new_tokens)
     metrics = {"fixed_new_tokens_per_s": rows * new_tokens / fixed_s, "fixed_flops_per_s": flops / fixed_s,
-               "varied_new_tokens_per_s": float(np.sum(varied.lengths)) / varied_s, "fixed_seconds": fixed_s,
+               "varied_new_tokens_per_s": float(np.sum(lengths)) / varied_s, "fixed_seconds": fixed_s,
                "varied_seconds": varied_s, **({"fixed_mfu": flops / fixed_s / peak} if peak else {})}
-    utilization, source = reported_utilization(sampler, varied), "reported by the sampler"
-    if utilization is None and engine in (None, "rounds"):
-        utilization, source = round_utilization(varied.lengths, rows), "computed from the lengths (round mode)"
     if utilization is not None:
         metrics["varied_slot_utilization"] = utilization
     settings = {"engine": engine or "rounds", "dtype": model_cfg.dtype, "param_dtype": model_cfg.param_dtype,
                 "scan_layers": model_cfg.scan_layers, "rows": rows, "prompts": prompts_n, "prompt_len": prompt_len,
                 "new_tokens": new_tokens, "varied_mean_budget": float(np.mean(budgets)),
-                "varied_max_length": int(np.max(varied.lengths)), "compilations": sampler.compilations,
-                "utilization_source": source if utilization is not None else "not reported by this engine"}
+                "varied_max_length": int(np.max(lengths)), "compilations": sampler.compilations,
+                "utilization_source": source, **pool}
     headline = (f"{metrics['fixed_new_tokens_per_s']:,.0f} tok/s fixed, {metrics['varied_new_tokens_per_s']:,.0f} "
                 f"varied" + (f", utilization {utilization:.2f}" if utilization is not None else ""))
     return {"metrics": metrics, "settings": settings, "headline": headline}
@@ -263,7 +287,8 @@ def entries(profile: Profile, peak: float | None, engines: list[str | None]) -> 
     out = [Entry("matmul", "matmul", est["matmul"], lambda: measure_matmul(profile.matmul_size, peak))]
     for engine in engines:
         out.append(Entry(f"sampler_{engine or 'rounds'}", "sampler", est["sampler"],
-                         lambda engine=engine: measure_sampler(model, profile.sampler_job, engine, peak)))
+                         lambda engine=engine: measure_sampler(model, profile.sampler_job, engine, peak,
+                                                                 slots=profile.engine_slots)))
     for remat in ("none", "full"):
         out.append(Entry(f"update_remat_{remat}", "update", est["update"],
                          lambda remat=remat: measure_update(model, profile.update_job, remat, peak)))
@@ -334,12 +359,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget", type=float, default=None, help="seconds for the whole run (default: 420 GPU, 600 CPU); "
                    "a measurement still running 45 s past it ends the process")
     p.add_argument("--only", default="", help="comma-separated measurement names (default: all)")
+    p.add_argument("--engine-slots", type=int, default=None, help="the slot engine's pool for sampler_slots "
+                   "(default: half the job's rows, 128 on a GPU)")
     p.add_argument("--peak-flops", type=float, default=None, help="the chip's bf16 dense peak, if not in the table")
     args = p.parse_args(argv)
     started = time.perf_counter()
     if args.cpu:
         jax.config.update("jax_platforms", "cpu")  # before any backend starts: nothing above touched a device
     profile = CPU if args.cpu else GPU
+    if args.engine_slots:
+        profile = dataclasses.replace(profile, engine_slots=args.engine_slots)
     budget = args.budget or profile.budget_s
     peak = args.peak_flops or peak_bf16_flops(jax.devices()[0].device_kind)
     engines, note = sampler_engines()

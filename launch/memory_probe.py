@@ -9,7 +9,7 @@ The model is the preset's shape with random weights (``model.pretrained`` is ign
 is needed; the preset must spell out the checkpoint's shape, as the Qwen3 presets do). Shapes:
 
 * update: ``allocation.num_prompts * group_size`` rows x the width bucket of ``--prompt-tokens +
-  sampling.max_new_tokens`` (passrate_jax.run.train.WIDTH_BUCKETS), split into ``rl.grad_accum`` micro-batches;
+  sampling.max_new_tokens`` (passrate_jax.rollout.store.WIDTH_BUCKETS), split into ``rl.grad_accum`` micro-batches;
 * round 0 of a step (SARA / uniform with Prefix Sampling): up to ``max_replay_share * B`` replayed groups
   of N rows whose contexts hold the prompt plus a prefix of up to ``ratio_max * max_new_tokens`` tokens,
   plus the first probes of the fresh prompts; later rounds: up to B * N rows of prompt-only contexts.
@@ -87,7 +87,7 @@ def probe(cfg, prompt_tokens: int, layers: int = 0, platform: str = "cpu") -> di
 def shapes(cfg, prompt_tokens: int) -> dict:
     """The worst-case program shapes of one step (see the module docstring)."""
     from passrate_jax.sampling.sampler import bucket
-    from passrate_jax.run.train import WIDTH_BUCKETS
+    from passrate_jax.rollout.store import WIDTH_BUCKETS
     s, a, ps = cfg.sampling, cfg.allocation, cfg.prefix_sampling
     row_shards = _row_shards(cfg)
     b, n = a.num_prompts, a.group_size

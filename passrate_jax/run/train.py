@@ -38,7 +38,6 @@ from passrate_jax.model.lora import has_adapters, reference_params
 from passrate_jax.rl.batch import make_train_batch
 from passrate_jax.rl.optimizer import make_optimizer
 from passrate_jax.rl.train_step import make_train_step, policy_logprobs
-from passrate_jax.rollout.store import WIDTH_BUCKETS  # noqa: F401 - re-exported (launch/memory_probe.py)
 from passrate_jax.sampling.sampler import bucket
 from passrate_jax.run.session import Session
 
