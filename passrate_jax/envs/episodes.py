@@ -107,13 +107,13 @@ def run_episodes(sampler: Sampler, params, starts: Sequence[Start], codec: TurnC
         # Rows come back grouped by context in input order, samples in index order: owners' order.
         for row, r in enumerate(owners):
             r.row = row
-            _apply(r, out.completion(row), codec)
+            apply_turn(r, out.completion(row), codec)
     if own_store:
         store.release()
     return [r for rs in rollouts for r in rs]
 
 
-def _apply(r: Rollout, action: list[int], codec: TurnCodec) -> None:
+def apply_turn(r: Rollout, action: list[int], codec: TurnCodec) -> None:
     """Execute one generated turn in the rollout's episode and extend its context."""
     turn = Turn(action, [])
     r.turns.append(turn)

@@ -68,8 +68,8 @@ def collect_rollouts_events(allocator: Allocator, state: AllocatorState, backend
     first requests are started ahead into free slots (:mod:`.ahead`; ``backend.lookahead`` groups at most,
     0: none; ``backend.store.discard(keys)`` forgets a guess's trajectories)."""
     if not hasattr(backend, "stream"):
-        raise ConfigError("sampling.engine = 'slots': this rollout backend (environments) runs in round mode "
-                          "only; set sampling.engine=rounds")
+        raise ConfigError(f"sampling.engine = 'slots': the rollout backend {type(backend).__name__} has no "
+                          "stream of decode slots; set sampling.engine=rounds")
     run = allocator.start_step(state)
     table, order, by_key = RolloutTable(), collections.deque(), {}
     opened, replay_buckets = [], {}

@@ -32,4 +32,5 @@ def env_backend(session) -> EnvRollouts:
                                                      session.sampler.model_cfg.max_position_embeddings)
     return EnvRollouts(resolve_env(cfg.data.env), tasks.__getitem__, session.prompt_ids, TurnCodec(session.tokenizer),
                        session.sampler, max_turns=max_turns, max_len=max_len, turn_tokens=turn_tokens,
-                       pad_id=session.tokenizer.pad_id, success_threshold=cfg.data.reward_threshold)
+                       pad_id=session.tokenizer.pad_id, success_threshold=cfg.data.reward_threshold,
+                       slots=cfg.sampling.slots, chunk_tokens=cfg.sampling.chunk_tokens)

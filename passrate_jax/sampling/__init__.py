@@ -5,7 +5,7 @@ across calls: :class:`PrefixStore` (a step's prefilled contexts) and :class:`Liv
 Functional core (no jit inside): :mod:`passrate_jax.sampling.core` (``prefill``, ``decode``) and
 :mod:`passrate_jax.sampling.distributions` (``filter_logits``, ``sample_tokens``).
 The slot engine (continuous batching, docs/engine.md): :class:`SlotEngine` / ``SlotPool`` over the pure
-:mod:`passrate_jax.sampling.engine` (``init_slots``, ``insert``, ``generate_chunk``).
+:mod:`passrate_jax.sampling.engine` (``init_slots``, ``insert``, ``generate_chunk``, ``extend``).
 """
 
 import importlib
@@ -16,7 +16,8 @@ from passrate_jax.sampling.config import SamplingConfig
 # sharding): the heavy names load on first use so that importing the config tree stays acyclic.
 _LAZY = {"Sampler": "sampler", "Context": "rows", "SampleResult": "rows", "training_rows": "rows", "bucket": "rows",
          "PrefixStore": "prefix_store", "LiveRows": "prefix_store", "filter_logits": "distributions",
-         "sample_tokens": "distributions", "SlotEngine": "slot_pool", "SlotPool": "slot_pool"}
+         "sample_tokens": "distributions", "SlotEngine": "slot_pool", "SlotPool": "slot_pool",
+         "Continue": "slot_pool"}
 
 
 def __getattr__(name):

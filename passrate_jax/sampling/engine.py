@@ -3,7 +3,7 @@
 Shapes: ``R`` slots, ``S`` cache slots per row (positions), ``G`` generation buffer, ``I`` rows one
 insert writes, ``C`` contexts of the step's prefix store, ``V`` vocabulary.
 
-Three pure functions, JetStream's engine API in this project's terms (the host's
+Four pure functions, JetStream's engine API in this project's terms (the host's
 :class:`passrate_jax.sampling.slot_pool.SlotPool` runs the queues and the slots; it jits these):
 
 * :func:`init_slots` -- an empty pool (every row free).
@@ -12,6 +12,9 @@ Three pure functions, JetStream's engine API in this project's terms (the host's
   stored logits, reset its output row.
 * :func:`generate_chunk` -- ``k`` one-token decode steps of every live row (k static); a row that stops
   (a stop id, or its budget) is no longer live and keeps its tokens until the host harvests it.
+* :func:`extend` -- continue rollouts in the rows they ran in (an environment's next turn): the tokens the
+  row's cache lacks (its last generated token, the observation) are appended to it, and the next turn's
+  first token is drawn from the logits after them, as round mode's ``Sampler.extend_live`` does.
 
 Randomness is the round sampler's (:func:`passrate_jax.sampling.core.decode`): token ``j`` of a rollout
 is drawn with ``fold_in(row_keys(seed, context id, sample index), j)``, so a rollout's tokens do not
@@ -54,6 +57,23 @@ class SlotInsert:
     context_id_i: jax.Array
     sample_index_i: jax.Array
     context_len_i: jax.Array
+    budget_i: jax.Array
+
+
+@struct.dataclass
+class SlotExtend:
+    """``I`` rollouts to continue in their own rows (padding entries carry ``slot_i = R`` and are dropped).
+
+    slot_i: int32 [I] the row. tokens_ia: int32 [I, A] right-padded ids to append at the row's position
+    (its last generated token, which no decode step has fed yet, then the observation). length_i: int32
+    [I] real appended ids (>= 1). context_id_i, sample_index_i: int32 [I] seed the next turn (round mode
+    keys a later turn by a hash of the rollout and the turn). budget_i: int32 [I] new tokens allowed.
+    """
+    slot_i: jax.Array
+    tokens_ia: jax.Array
+    length_i: jax.Array
+    context_id_i: jax.Array
+    sample_index_i: jax.Array
     budget_i: jax.Array
 
 
@@ -141,21 +161,54 @@ def insert(state: SlotState, store: PrefillOutput, new: SlotInsert, seed: jax.Ar
     take = lambda x: jnp.pad(jnp.take(x, new.context_row_i, axis=1)[:, :, :s],  # noqa: E731
                              ((0, 0), (0, 0), (0, max(s - t, 0)), (0, 0), (0, 0)))
     cache = _put_rows(state.cache, new.slot_i, take(store.cache.k), take(store.cache.v))
-    row = jnp.where(new.slot_i < r, new.slot_i, r)
+    logits = jnp.take(store.last_logits_cv, new.context_row_i, axis=0)
+    return _start(state.replace(cache=cache), new.slot_i, new.context_len_i, new.budget_i,
+                  row_keys(seed, new.context_id_i, new.sample_index_i), logits, stop_ids, temperature, d)
+
+
+def extend(params: nnx.State, state: SlotState, new: SlotExtend, seed: jax.Array, stop_ids: jax.Array,
+           temperature: jax.Array, *, graphdef: nnx.GraphDef, settings: ChunkSettings,
+           layout: Layout | None = None) -> SlotState:
+    """Continue the rollouts ``new`` in their rows (see :class:`SlotExtend`): their appended ids' keys and
+    values written at the rows' positions (what the cache already holds is not recomputed), the output
+    rows reset, and the next turn's first token drawn from the logits after the last appended id."""
+    model = nnx.merge(graphdef, params)
+    r = state.live_r.shape[0]
+    row = jnp.minimum(new.slot_i, r - 1)  # padding entries read some row; their writes are dropped
+    rows = state.cache
+    if rows.is_decode_form:
+        rows = KVCache(k=tuple(k[row] for k in rows.k), v=tuple(v[row] for v in rows.v)).stacked()
+    else:
+        rows = KVCache(k=rows.k[:, row], v=rows.v[:, row])
+    start = state.position_r[row]
+    width = new.tokens_ia.shape[1]
+    positions = start[:, None] + jnp.arange(width, dtype=jnp.int32)[None, :]
+    real = jnp.arange(width)[None, :] < new.length_i[:, None]
+    logits, rows = model(new.tokens_ia, positions, real, cache=rows, logits_at_b=jnp.maximum(new.length_i - 1, 0),
+                         layout=layout)
+    cache = _put_rows(state.cache, new.slot_i, rows.k, rows.v)
+    return _start(state.replace(cache=cache), new.slot_i, start + new.length_i, new.budget_i,
+                  row_keys(seed, new.context_id_i, new.sample_index_i), logits, stop_ids, temperature,
+                  settings.decode)
+
+
+def _start(state: SlotState, slot_i, position_i, budget_i, keys_i, logits_iv, stop_ids, temperature,
+           d: DecodeSettings) -> SlotState:
+    """Rows ``slot_i`` (R: dropped) begin generating at ``position_i``: outputs reset, keys set, and the first
+    token drawn from ``logits_iv`` with the rollout's key for token 0 (round mode's first token)."""
+    r, g = state.live_r.shape[0], state.tokens_rg.shape[1]
+    row = jnp.where(slot_i < r, slot_i, r)
     put = lambda a, v: a.at[row].set(v, mode="drop")  # noqa: E731
-    keys = row_keys(seed, new.context_id_i, new.sample_index_i)
-    g = state.tokens_rg.shape[1]
     state = state.replace(
-        cache=cache, live_r=put(state.live_r, True), position_r=put(state.position_r, new.context_len_i),
+        live_r=put(state.live_r, True), position_r=put(state.position_r, position_i),
         stopped_r=put(state.stopped_r, False), length_r=put(state.length_r, 0),
-        budget_r=put(state.budget_r, new.budget_i), keys_r=state.keys_r.at[row].set(keys, mode="drop"),
+        budget_r=put(state.budget_r, budget_i), keys_r=state.keys_r.at[row].set(keys_i, mode="drop"),
         tokens_rg=state.tokens_rg.at[row].set(jnp.full((g,), d.pad_id, jnp.int32), mode="drop"),
         logprobs_rg=state.logprobs_rg.at[row].set(0.0, mode="drop"),
         policy_logprobs_rg=state.policy_logprobs_rg.at[row].set(0.0, mode="drop"))
-    logits = jnp.take(store.last_logits_cv, new.context_row_i, axis=0)
-    draw_keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, 0)
-    drawn = sample_tokens(logits, draw_keys, temperature=temperature, top_k=d.top_k, top_p=d.top_p)
-    return _write(state, new.slot_i, new.slot_i < r, *drawn, stop_ids)
+    draw_keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys_i, 0)
+    drawn = sample_tokens(logits_iv, draw_keys, temperature=temperature, top_k=d.top_k, top_p=d.top_p)
+    return _write(state, slot_i, slot_i < r, *drawn, stop_ids)
 
 
 def generate_chunk(params: nnx.State, state: SlotState, stop_ids: jax.Array, temperature: jax.Array, *,

@@ -17,12 +17,19 @@ starts at chunk c + 1. Rollouts already queued do not wait for a decision: while
 refilled in chunk c, not c + 1 (the device waits for that read and the inserts, not for the verifier,
 which still scores while chunk c runs). The lags are fixed, so which chunk a rollout starts and ends in
 depends only on the rollouts' lengths and the host's decisions, never on timing: a seed gives the same run.
+
+Multi-turn rollouts (environments) stay in their row between turns: a pool made with ``on_turn`` asks it,
+for every finished rollout it harvests, whether to continue it (:class:`Continue`: the ids to append and
+the next turn's key and budget) or deliver it. A continued rollout keeps its slot; its ids are appended
+to the row's cache by one ``extend`` program for all the harvest's continuations, and its next turn
+starts in the next chunk dispatched.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+from collections.abc import Callable
 
 import jax
 import numpy as np
@@ -45,6 +52,16 @@ class Finished:
     ids: list[int]
     stopped: bool
     policy_logprobs: np.ndarray
+
+
+@dataclasses.dataclass(frozen=True)
+class Continue:
+    """What ``on_turn`` returns to keep a rollout in its row: ``ids`` to append to its cache (its last
+    generated token, then the observation), the next turn's ``context_id`` (with the rollout's sample
+    index: its randomness) and ``budget`` (new tokens allowed)."""
+    ids: list[int]
+    context_id: int
+    budget: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +107,9 @@ class SlotEngine:
         self._insert = jax.jit(self._insert_impl, donate_argnums=(0,), out_shardings=self.state_shardings,
                                in_shardings=(self.state_shardings, sampler._store_shardings, new, replicated,
                                              replicated, replicated))
+        self._extend = jax.jit(self._extend_impl, donate_argnums=(1,), out_shardings=self.state_shardings,
+                               in_shardings=(sampler.param_shardings, self.state_shardings,
+                                             core.SlotExtend(*(replicated,) * 6), replicated, replicated, replicated))
         harvest = (rows1, rows1, rows1, rows2, rows2, replicated, replicated)
         self._chunk = jax.jit(self._chunk_impl, donate_argnums=(1,), out_shardings=(self.state_shardings, harvest),
                               in_shardings=(sampler.param_shardings, self.state_shardings, replicated, replicated))
@@ -102,6 +122,11 @@ class SlotEngine:
         self.sampler.compilations += 1  # once per trace, i.e. per compiled program
         return core.insert(state, store, new, seed, stop_ids, temperature, settings=self.settings)
 
+    def _extend_impl(self, params, state, new, seed, stop_ids, temperature):
+        self.sampler.compilations += 1
+        return core.extend(params, state, new, seed, stop_ids, temperature, graphdef=self.sampler.graphdef,
+                           settings=self.settings, layout=self.sampler.layout)
+
     def _chunk_impl(self, params, state, stop_ids, temperature):
         self.sampler.compilations += 1
         state = core.generate_chunk(params, state, stop_ids, temperature, graphdef=self.sampler.graphdef,
@@ -110,9 +135,10 @@ class SlotEngine:
         return state, (state.live_r, state.length_r, state.stopped_r, state.tokens_rg, state.policy_logprobs_rg,
                        state.live_steps, state.steps)
 
-    def pool(self, store: PrefixStore, *, seed: int) -> SlotPool:
-        """An empty pool for one step: rollouts sample under ``store.params`` with ``seed``."""
-        return SlotPool(self, store, seed)
+    def pool(self, store: PrefixStore, *, seed: int, on_turn=None) -> SlotPool:
+        """An empty pool for one step: rollouts sample under ``store.params`` with ``seed``; ``on_turn``
+        (a finished rollout -> :class:`Continue` or None) makes its rollouts multi-turn."""
+        return SlotPool(self, store, seed, on_turn)
 
 
 class SlotPool:
@@ -120,8 +146,9 @@ class SlotPool:
     ``inserts`` (insert programs run), ``live_steps`` / ``slot_steps`` (live rows and slots summed over the
     decode steps run: their ratio is :attr:`utilization`), ``generated`` (tokens of finished rollouts)."""
 
-    def __init__(self, engine: SlotEngine, store: PrefixStore, seed: int):
-        self.engine, self.store, self.seed = engine, store, int(seed)
+    def __init__(self, engine: SlotEngine, store: PrefixStore, seed: int,
+                 on_turn: Callable[[Finished], Continue | None] | None = None):
+        self.engine, self.store, self.seed, self.on_turn = engine, store, int(seed), on_turn
         s = engine.sampler
         stop = list(dict.fromkeys(i for i in (s.eos_id, *engine.cfg.stop_token_ids) if i is not None))
         stop_ids = np.full(bucket(len(stop), (8,)), -1, np.int32)
@@ -213,15 +240,43 @@ class SlotPool:
     def _read(self, chunk: int, harvest) -> list[Finished]:
         live, length, stopped, tokens, policy_lp, live_steps, steps = (np.asarray(x) for x in jax.device_get(harvest))
         self.live_steps, self.slot_steps = int(live_steps), int(steps) * self.engine.rows
-        out = []
+        out, continued = [], []
         for slot, o in enumerate(self.occupant):
-            # A rollout started after this chunk ran is not in its harvest.
+            # A rollout started (or continued) after this chunk ran is not in its harvest.
             if o is None or o[1] > chunk or live[slot]:
                 continue
             m = int(length[slot])
-            out.append(Finished(o[0].tag, o[0].sample_index, tokens[slot, :m].tolist(), bool(stopped[slot]),
-                                policy_lp[slot, :m]))
+            done = Finished(o[0].tag, o[0].sample_index, tokens[slot, :m].tolist(), bool(stopped[slot]),
+                            policy_lp[slot, :m])
             self.generated += m
-            self.occupant[slot] = None
+            more = self.on_turn(done) if self.on_turn is not None else None
+            if more is None:
+                out.append(done)
+                self.occupant[slot] = None
+            else:  # the next turn runs from the next chunk dispatched, in the same row
+                continued.append((slot, o[0].sample_index, more))
+                self.occupant[slot] = (o[0], self.chunks)
+        self._continue(continued)
         return out
+
+    def _continue(self, continued: list[tuple[int, int, Continue]]) -> None:
+        """Append each continued rollout's ids to its row (one program per ``insert_rows`` of them, ids
+        padded to a context bucket) and draw its next turn's first token."""
+        n = self.engine.insert_rows
+        for start in range(0, len(continued), n):
+            batch = continued[start:start + n]
+            width = bucket(max(len(c.ids) for _, _, c in batch), self.engine.sampler.cfg.context_buckets)
+            tokens = np.full((n, width), self.engine.sampler.pad_id, np.int32)
+            column = np.zeros((5, n), np.int32)
+            column[0] = self.engine.rows  # padding entries: out of range, dropped
+            for i, (slot, index, c) in enumerate(batch):
+                if c.budget < 1 or not c.ids:  # the caller keeps the row's length within the engine's
+                    raise ValueError(f"slot {slot}: a continued rollout needs ids and a budget >= 1, got "
+                                     f"{len(c.ids)} ids and budget {c.budget}")
+                tokens[i, :len(c.ids)] = c.ids
+                column[:, i] = (slot, len(c.ids), c.context_id, index, c.budget)
+            new = core.SlotExtend(column[0], tokens, column[1], column[2], column[3], column[4])
+            self.state = self.engine._extend(self.store.params, self.state, new, *self._scalars)
+            self.engine.sampler._count_prefill(self.store, len(batch), sum(len(c.ids) for _, _, c in batch))
+            self.inserts += 1
 
