@@ -22,7 +22,7 @@ Multi-turn rollouts (environments) stay in their row between turns: a pool made 
 for every finished rollout it harvests, whether to continue it (:class:`Continue`: the ids to append and
 the next turn's key and budget) or deliver it. A continued rollout keeps its slot; its ids are appended
 to the row's cache by one ``extend`` program for all the harvest's continuations, and its next turn
-starts in the next chunk dispatched.
+starts in the next chunk dispatched. Such a pool reads each harvest before dispatching the next chunk.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from passrate_jax.distributed import to_host
 from passrate_jax.model.transformer import KVCache
 from passrate_jax.sampling import engine as core
 from passrate_jax.sampling.config import SamplingConfig
@@ -182,9 +183,11 @@ class SlotPool:
     def advance(self) -> list[Finished]:
         """Start queued rollouts in free slots, dispatch one chunk, and return the rollouts that finished
         in the chunk before it (in slot order), freeing their slots. With rollouts queued, that chunk's
-        harvest is read before the start, so its freed slots take queued rollouts in this chunk."""
+        harvest is read before the start, so its freed slots take queued rollouts in this chunk; in a
+        multi-turn pool (``on_turn``) always, so a continued rollout's next turn runs in this chunk rather
+        than idling through it (the environment steps while the device waits: it must step before the turn)."""
         out = []
-        if self.queue and self._harvests:
+        if (self.queue or self.on_turn is not None) and self._harvests:
             out += self._read(*self._harvests.popleft())
         self._start_queued()
         dispatched = any(o is not None for o in self.occupant)
@@ -208,7 +211,7 @@ class SlotPool:
         while self._harvests:
             dropped += [(f.tag, f.sample_index, len(f.ids)) for f in self._read(*self._harvests.popleft())]
         if any(o is not None for o in self.occupant):
-            length = np.asarray(jax.device_get(self.state.length_r))
+            length = to_host(self.state.length_r)
             dropped += [(o[0].tag, o[0].sample_index, int(length[slot])) for slot, o in enumerate(self.occupant)
                         if o is not None]
         self.queue.clear()
@@ -238,7 +241,8 @@ class SlotPool:
             self.inserts += 1
 
     def _read(self, chunk: int, harvest) -> list[Finished]:
-        live, length, stopped, tokens, policy_lp, live_steps, steps = (np.asarray(x) for x in jax.device_get(harvest))
+        # to_host gathers rows on other hosts' devices: every host reads the whole harvest and decides alike.
+        live, length, stopped, tokens, policy_lp, live_steps, steps = to_host(harvest)
         self.live_steps, self.slot_steps = int(live_steps), int(steps) * self.engine.rows
         out, continued = [], []
         for slot, o in enumerate(self.occupant):
