@@ -7,7 +7,8 @@ Each ``--mesh`` runs the same config once more on that mesh (in this process, so
 count is set once); the trace holds, per run and per step, every rollout's generated tokens
 (replayed prefix included) and reward, the allocator's decisions (trained groups with their success
 bits and prefix, abandoned groups, rounds), the ``metrics.jsonl`` records and the final parameters.
-Nothing is replaced: the wrapper only reads what ``collect_rollouts`` returned.
+Nothing is replaced: the wrapper only reads what the run's rollout loop (``collect_rollouts`` in round mode,
+``collect_rollouts_events`` on the slot engine) returned.
 """
 
 import json
@@ -39,12 +40,16 @@ def _traced_collect(steps: list, original):
 
 def trace_run(config: str, overrides: list[str], run_dir: str) -> dict:
     steps: list = []
-    original = train_module.collect_rollouts
-    train_module.collect_rollouts = _traced_collect(steps, original)
+    cfg = load_config(config, overrides)
+    # The loop of the run's engine: round mode's or the slot engine's (the default).
+    name = "collect_rollouts_events" if cfg.sampling.engine == "slots" else "collect_rollouts"
+    original = getattr(train_module, name)
+    setattr(train_module, name, _traced_collect(steps, original))
     try:
-        summary = train_module.train(load_config(config, overrides), run_dir, progress=False, log=lambda *a: None)
+        summary = train_module.train(cfg, run_dir, progress=False, log=lambda *a: None)
     finally:
-        train_module.collect_rollouts = original
+        setattr(train_module, name, original)
+    assert len(steps) == len(read_jsonl(f"{run_dir}/metrics.jsonl")) - 1, "the trace missed the run's steps"
     leaves = jax.tree.leaves(summary["params"])
     # The mesh axes the parameters are really split over (none for pure data parallelism).
     axes = sorted({a for x in leaves for spec in x.sharding.spec if spec for a in

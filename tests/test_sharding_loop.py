@@ -1,6 +1,7 @@
 """Three training steps of ``configs/default.yaml`` on 8 fake CPU devices, as (data=8) and as
 (data=2, fsdp=2, tensor=2), against one device: the whole loop (sampling, the task's verifier, SARA +
-adaptive Prefix Sampling, the update), not one update in isolation.
+adaptive Prefix Sampling, the update), not one update in isolation. Sampling runs on the slot engine,
+the default (``sampling.engine``): its pool's rows are split over the data axes like round mode's.
 
 The preset (uniform allocation as shipped) is switched to SARA + adaptive Prefix Sampling, the path with
 the most host decisions (rounds, abandoned groups, prefixes), and shortened by overrides only: 3 steps,
@@ -21,8 +22,8 @@ uniform draw lands within that difference of a CDF boundary. What is compared, a
   see, so steps after it are not compared; at least ``MIN_STEPS_COMPARED`` steps must be;
 * the final parameters (within ``PARAM_ATOL``), when no rollout flipped.
 
-Measured on CPU (jax 0.10.2), this test's 3 steps: no flip in 188 rollouts (2,364 tokens) on either
-mesh; losses differ by at most 3e-6 relative (2.6e-7 absolute), final parameters by 1.5e-8. The same
+Measured on CPU (jax 0.10.2, in round mode, before the engine became the default), this test's 3
+steps: no flip in 188 rollouts (2,364 tokens) on either mesh; losses differ by at most 3e-6 relative (2.6e-7 absolute), final parameters by 1.5e-8. The same
 run for 10 steps (``steps=10 eval_every=10``, with ``python -m tests.loop_trace`` as below): no flip
 in 608 rollouts (7,670 tokens) on either mesh, every host-side metric equal, ``update/loss`` within
 4.2e-7 absolute, ``update/grad_norm`` within 1.9e-5 relative, parameters within 1.2e-7.

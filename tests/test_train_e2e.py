@@ -267,3 +267,15 @@ def test_resume_accepts_keys_added_since_the_run_was_saved(tmp_path):
     assert resume_conflicts(cfg, str(tmp_path)) == []
     changed = load_config(None, TINY + ["data.verify_workers=3"])  # a non-default value still conflicts
     assert resume_conflicts(changed, str(tmp_path)) == ["data.verify_workers: None -> 3"]
+
+
+def test_a_run_saved_in_round_mode_resumes_on_the_engine_but_not_with_another_method(tmp_path):
+    """The engine became the default after runs were saved with ``sampling.engine: rounds``: how rollouts are
+    decoded may change on resume; what is trained (the method, the sampling distribution) may not."""
+    from passrate_jax.run.config import dump_config
+    from passrate_jax.run.train import resume_conflicts
+    (tmp_path / "config.yaml").write_text(dump_config(load_config(None, TINY + ["sampling.engine=rounds",
+                                                                                "sampling.slots=16"])))
+    assert resume_conflicts(load_config(None, TINY), str(tmp_path)) == []
+    hotter = load_config(None, TINY + ["sampling.temperature=0.5"])
+    assert resume_conflicts(hotter, str(tmp_path)) == ["sampling.temperature: 1.0 -> 0.5"]

@@ -85,7 +85,10 @@ class _StopRequest:
 
 
 # Top-level config sections a resumed run may change: they do not alter what was computed so far.
-RESUMABLE_CHANGES = ("steps", "eval_every", "eval_samples", "eval_greedy", "checkpoint", "logging", "distributed")
+# Sections or keys a resume may change. How rollouts are decoded (the engine and its pool) is among them: both
+# engines run the same method, so a run saved in round mode (the default before 2026-12-04) resumes.
+RESUMABLE_CHANGES = ("steps", "eval_every", "eval_samples", "eval_greedy", "checkpoint", "logging", "distributed",
+                     "sampling.engine", "sampling.slots", "sampling.chunk_tokens", "sampling.lookahead")
 
 
 def resume_conflicts(cfg: Config, run_dir: str) -> list[str]:
@@ -99,7 +102,7 @@ def resume_conflicts(cfg: Config, run_dir: str) -> list[str]:
     # A key added to the config after the run was saved is no conflict while it holds its default.
     defaults = dict(flatten(to_dict(Config()), sep="."))
     return [f"{k}: {saved.get(k)!r} -> {now.get(k)!r}" for k in sorted(set(saved) | set(now))
-            if saved.get(k) != now.get(k) and k.split(".")[0] not in RESUMABLE_CHANGES
+            if saved.get(k) != now.get(k) and not any(k == c or k.startswith(c + ".") for c in RESUMABLE_CHANGES)
             and not (k not in saved and now.get(k) == defaults.get(k))]
 
 

@@ -34,9 +34,9 @@ class SamplingConfig:
                      "steps share one prefill program per context bucket and one decode program per row "
                      "bucket; 0: each store grows when a call needs more, compiling the programs again")
     engine: Literal["rounds", "slots"] = option(
-        "rounds", doc="rounds: one sampler call per allocation round, decoding until its longest answer ends; "
-                      "slots: the slot engine (continuous batching): a fixed pool of decode slots kept full, "
-                      "the allocation deciding per group as its rollouts finish (docs/engine.md)")
+        "slots", doc="slots: the slot engine (continuous batching): a fixed pool of decode slots kept full, "
+                     "the allocation deciding per group as its rollouts finish (docs/engine.md); rounds: one "
+                     "sampler call per allocation round, decoding until its longest answer ends (for comparison)")
     slots: int = option(64, ge=1, doc="slot engine: decode rows in the pool (fewer than a step's rollouts, so "
                                        "that finished rows are refilled from the queue)")
     chunk_tokens: int = option(8, ge=1, doc="slot engine: decode steps between harvests (k)")
