@@ -6,7 +6,8 @@ without a model: a fake slot stream whose rollouts have given lengths and reward
   rounds, abandoned prompts, and the allocator state carried to the next step), fresh groups started
   ahead of their requests (rollout/ahead.py) included.
 - No length bias: with short answers right and long answers wrong, DS in the engine trains exactly
-  round mode's groups (the first B valid groups in opening order), not those that finish first.
+  round mode's groups (the first B valid groups in opening order), not those that finish first, and
+  Pilot-Commit commits round mode's (it ranks its buffer only once no pilot is in flight).
 """
 
 import collections
@@ -204,3 +205,22 @@ def test_no_length_bias_ds_trains_round_mode_groups(slots):
     for r, e in zip(rounds, events):
         assert [g[:3] for g in e["groups"]] == [g[:3] for g in r["groups"]]
     assert sum(e["engine"]["rollouts/aborted"] for e in events) > 0  # groups not needed were cut short
+
+
+@pytest.mark.parametrize("slots", [100_000, 24])
+def test_no_length_bias_pilot_commit_ranks_its_whole_pilot_stage(slots):
+    """Pilot-Commit ranks its buffer with every pilot requested before it commits (budgeted: the step's
+    pilot stage together). In the engine a pilot retires once every pilot issued before it is scored, so
+    the pilots scored first are those whose answers ended first: committing from them would favour short
+    answers. The engine must commit round mode's groups (answers long when wrong, and the easier the
+    prompt the shorter its answers). Fails with commits made while pilots are in flight (checked: the
+    engine then commits prompt 64, an easy one, where round mode commits prompt 92)."""
+    def length(rollout):
+        key, prompt, index, seed = rollout
+        return 2 + 2 * (10 - prompt % 11) + 5 * (1 - reward_of(seed, key, prompt, index))
+
+    allocation, ps = METHODS["pilot_commit_budgeted"]
+    rounds = run_steps(collect_rollouts, allocation, ps, FakeBackend(length, chunk=2), steps=1)
+    events = run_steps(collect_rollouts_events, allocation, ps, FakeBackend(length, slots=slots, chunk=2), steps=1)
+    assert [g[:3] for g in events[0]["groups"]] == [g[:3] for g in rounds[0]["groups"]]
+    assert rounds[0]["groups"]

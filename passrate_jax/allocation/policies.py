@@ -354,7 +354,12 @@ class PilotCommit(NoQueue):
         want, buf = slots(setup, t), state.policy.buffer
         budgeted = pcfg.mode == "budgeted"
         stage = budgeted & (t.rounds == 0)  # the pilot stage commits nothing: its pilots are ranked first
-        k_commit = jnp.where(stage, 0, jnp.minimum(want, afford(budget_left(knobs, t), n - n_p)))
+        # Event mode (the slot engine): while a pilot is in flight, nothing is committed or opened, so the
+        # buffer is ranked with all the pilots requested, as in round mode. Ranking those scored so far would
+        # favour short answers: a pilot retires once it and every pilot issued before it are scored, so the
+        # first retired are those whose answers ended first. (Never in round mode: nothing is in flight.)
+        ranking = jnp.any(t.pilot & (t.inflight > 0))
+        k_commit = jnp.where(stage | ranking, 0, jnp.minimum(want, afford(budget_left(knobs, t), n - n_p)))
         t, buf, _, ok = take_rows(t, buf, k_commit, pilot_priority(buf), CONFIRMED, lambda held: n - held)
         shortfall = want - jnp.sum(ok).astype(jnp.int32)
         if budgeted:
@@ -362,9 +367,10 @@ class PilotCommit(NoQueue):
             first = jnp.minimum(share // n_p, afford(budget_left(knobs, t), n_p))
             # After the stage a pilot is opened only if the budget could also pay its commit.
             later = jnp.minimum(pcfg.pilot_pool_ratio * shortfall, afford(budget_left(knobs, t), n))
-            k_pilot = jnp.minimum(jnp.where(stage, first, later), self.max_open(setup))
+            k_pilot = jnp.where(ranking, 0, jnp.minimum(jnp.where(stage, first, later), self.max_open(setup)))
         else:
-            k_pilot = jnp.minimum(pcfg.pilot_pool_ratio * shortfall, afford(budget_left(knobs, t), n_p))
+            k_pilot = jnp.where(ranking, 0, jnp.minimum(pcfg.pilot_pool_ratio * shortfall,
+                                                         afford(budget_left(knobs, t), n_p)))
         return state.replace(policy=PilotCommitState(buf)), t, Opening.of(k_pilot, ACTIVE, n_p, pilot=True)
 
     def decide(self, setup, knobs, state, t, fresh, completed):
