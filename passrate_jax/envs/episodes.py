@@ -82,8 +82,7 @@ def run_episodes(sampler: Sampler, params, starts: Sequence[Start], codec: TurnC
     live, first = None, True
     while True:
         for r in (r for rs in rollouts for r in rs if not r.episode.done and len(r.context) >= max_len):
-            r.episode.finish()
-            r.ended = "length"
+            end_for_length(r)
         if first:
             # One context per start: its rollouts share the prefill of the common context.
             owners = [[r for r in rs if not r.episode.done] for rs in rollouts]
@@ -111,6 +110,12 @@ def run_episodes(sampler: Sampler, params, starts: Sequence[Start], codec: TurnC
     if own_store:
         store.release()
     return [r for rs in rollouts for r in rs]
+
+
+def end_for_length(r: Rollout) -> None:
+    """End a rollout whose context fills the model's positions: no room for another turn."""
+    r.episode.finish()
+    r.ended = "length"
 
 
 def apply_turn(r: Rollout, action: list[int], codec: TurnCodec) -> None:

@@ -19,7 +19,7 @@ import numpy as np
 
 from passrate_jax.allocation import Request
 from passrate_jax.envs.base import Environment, EnvTask
-from passrate_jax.envs.episodes import Rollout, Start, apply_turn, run_episodes, turn_context_id
+from passrate_jax.envs.episodes import Rollout, Start, apply_turn, end_for_length, run_episodes, turn_context_id
 from passrate_jax.envs.replay import Turn, TurnCodec, cut_turns, replay, trajectory_tokens, turn_ids
 from passrate_jax.rollout.store import WIDTH_BUCKETS, TrajectoryStore
 from passrate_jax.rollout.table import RolloutTable
@@ -176,7 +176,7 @@ class EnvStream:
             self.rollouts[key] = Rollout(start.episode.fork(), list(start.context), start.context_id, key[1])
         if len(start.context) >= self.max_len:  # no room for a turn: round mode ends it the same way
             for key in keys:
-                self._end_for_length(self.rollouts[key])
+                end_for_length(self.rollouts[key])
             self.ready += keys
             return
         self.pool.add(Context(start.context, num_samples=start.num_samples, context_id=start.context_id,
@@ -206,15 +206,10 @@ class EnvStream:
         if r.episode.done:
             return None
         if len(r.context) >= self.max_len:
-            self._end_for_length(r)
+            end_for_length(r)
             return None
         # Counted as round mode counts a turn appended to a live row (the step's prefix-store counters).
         self.pool.store.note_context(tuple(r.context), len(turn.ids) + len(r.turns[-1].observation))
         return Continue([turn.ids[-1], *r.turns[-1].observation],
                         turn_context_id(r.context_id, r.sample_index, len(r.turns)),
                         min(self.turn_tokens, self.max_len - len(r.context)))
-
-    @staticmethod
-    def _end_for_length(r: Rollout) -> None:
-        r.episode.finish()
-        r.ended = "length"

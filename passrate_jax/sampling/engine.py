@@ -31,7 +31,7 @@ from flax import nnx, struct
 
 from passrate_jax.model.config import ModelConfig
 from passrate_jax.model.transformer import KVCache, Layout, init_cache
-from passrate_jax.sampling.core import DecodeSettings, PrefillOutput, row_keys
+from passrate_jax.sampling.core import DecodeSettings, PrefillOutput, append, row_keys
 from passrate_jax.sampling.distributions import sample_tokens
 
 
@@ -170,25 +170,20 @@ def extend(params: nnx.State, state: SlotState, new: SlotExtend, seed: jax.Array
            temperature: jax.Array, *, graphdef: nnx.GraphDef, settings: ChunkSettings,
            layout: Layout | None = None) -> SlotState:
     """Continue the rollouts ``new`` in their rows (see :class:`SlotExtend`): their appended ids' keys and
-    values written at the rows' positions (what the cache already holds is not recomputed), the output
-    rows reset, and the next turn's first token drawn from the logits after the last appended id."""
-    model = nnx.merge(graphdef, params)
+    values written at the rows' positions by round mode's :func:`~passrate_jax.sampling.core.append` (what
+    the cache already holds is not recomputed), the output rows reset, and the next turn's first token
+    drawn from the logits after the last appended id."""
     r = state.live_r.shape[0]
     row = jnp.minimum(new.slot_i, r - 1)  # padding entries read some row; their writes are dropped
-    rows = state.cache
-    if rows.is_decode_form:
-        rows = KVCache(k=tuple(k[row] for k in rows.k), v=tuple(v[row] for v in rows.v)).stacked()
-    else:
-        rows = KVCache(k=rows.k[:, row], v=rows.v[:, row])
     start = state.position_r[row]
-    width = new.tokens_ia.shape[1]
-    positions = start[:, None] + jnp.arange(width, dtype=jnp.int32)[None, :]
-    real = jnp.arange(width)[None, :] < new.length_i[:, None]
-    logits, rows = model(new.tokens_ia, positions, real, cache=rows, logits_at_b=jnp.maximum(new.length_i - 1, 0),
-                         layout=layout)
-    cache = _put_rows(state.cache, new.slot_i, rows.k, rows.v)
+    live, parent = state.cache, row
+    if live.is_decode_form:  # append reads the stacked form: gather the rows first
+        live = KVCache(k=tuple(k[row] for k in live.k), v=tuple(v[row] for v in live.v)).stacked()
+        parent = jnp.arange(row.shape[0], dtype=jnp.int32)
+    out = append(params, live, parent, new.tokens_ia, start, new.length_i, graphdef=graphdef, layout=layout)
+    cache = _put_rows(state.cache, new.slot_i, out.cache.k, out.cache.v)
     return _start(state.replace(cache=cache), new.slot_i, start + new.length_i, new.budget_i,
-                  row_keys(seed, new.context_id_i, new.sample_index_i), logits, stop_ids, temperature,
+                  row_keys(seed, new.context_id_i, new.sample_index_i), out.last_logits_cv, stop_ids, temperature,
                   settings.decode)
 
 

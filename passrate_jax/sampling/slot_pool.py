@@ -144,8 +144,9 @@ class SlotEngine:
 
 class SlotPool:
     """One step's slots (see the module docstring). Counters: ``chunks`` (chunk programs run),
-    ``inserts`` (insert programs run), ``live_steps`` / ``slot_steps`` (live rows and slots summed over the
-    decode steps run: their ratio is :attr:`utilization`), ``generated`` (tokens of finished rollouts)."""
+    ``inserts`` (insert and extend programs run), ``live_steps`` / ``slot_steps`` (live rows and slots
+    summed over the decode steps run: their ratio is :attr:`utilization`), ``generated`` (tokens of
+    finished rollouts)."""
 
     def __init__(self, engine: SlotEngine, store: PrefixStore, seed: int,
                  on_turn: Callable[[Finished], Continue | None] | None = None):
