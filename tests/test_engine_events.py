@@ -12,6 +12,7 @@ without a model: a fake slot stream whose rollouts have given lengths and reward
 
 import collections
 import dataclasses
+import functools
 import zlib
 
 import jax
@@ -224,3 +225,39 @@ def test_no_length_bias_pilot_commit_ranks_its_whole_pilot_stage(slots):
     events = run_steps(collect_rollouts_events, allocation, ps, FakeBackend(length, slots=slots, chunk=2), steps=1)
     assert [g[:3] for g in events[0]["groups"]] == [g[:3] for g in rounds[0]["groups"]]
     assert rounds[0]["groups"]
+
+
+def _length_favours_easy_and_right(rollout):
+    key, prompt, index, seed = rollout
+    return 2 + 2 * (10 - prompt % 11) + 5 * (1 - reward_of(seed, key, prompt, index))
+
+
+@pytest.mark.parametrize("slots", [100_000, 24])
+def test_sara_fill_retires_groups_as_scored_and_trains_round_mode_groups(slots):
+    """SARA fill needs no issue order (Allocator.retires_in_any_order): each request retires when its own
+    rollouts are scored, so a prompt no longer waits for an earlier prompt's longest answer (fewer chunks a
+    step than retiring in issue order), and it still trains round mode's groups, spends round mode's
+    rollouts, abandons round mode's prompts and carries round mode's state, with answers long when wrong
+    and short on easy prompts. DS, whose groups compete for the batch, keeps issue order: retiring its
+    requests as they finish trains other groups (the length bias issue order prevents)."""
+    allocation, ps = METHODS["sara_fill"]
+    assert Allocator(allocation, ps, PROMPTS).retires_in_any_order
+    for other in ("sara_fixed", "sara_dps", "ps_on_top_sara", "ds", "pilot_commit"):
+        assert not Allocator(*METHODS[other], PROMPTS).retires_in_any_order, other
+
+    def run(collect):
+        return run_steps(collect, allocation, ps, FakeBackend(_length_favours_easy_and_right, slots=slots, chunk=2))
+
+    rounds, events = run(collect_rollouts), run(collect_rollouts_events)
+    in_order = run(functools.partial(collect_rollouts_events, any_order=False))
+    for r, e in zip(rounds, events):
+        assert sorted(g[:3] for g in e["groups"]) == sorted(g[:3] for g in r["groups"])
+        assert (e["spent"], e["abandoned"], e["state"]) == (r["spent"], r["abandoned"], r["state"])
+    chunks = [sum(x["engine"]["sampler_calls"] for x in run_) for run_ in (events, in_order)]
+    assert chunks[0] < chunks[1]
+
+    ds = METHODS["ds"]
+    rounds = run_steps(collect_rollouts, *ds, FakeBackend(_length_favours_easy_and_right, chunk=2), steps=4)
+    as_finished = run_steps(functools.partial(collect_rollouts_events, any_order=True), *ds,
+                            FakeBackend(_length_favours_easy_and_right, slots=slots, chunk=2), steps=4)
+    assert any([g[:3] for g in e["groups"]] != [g[:3] for g in r["groups"]] for r, e in zip(rounds, as_finished))

@@ -104,6 +104,21 @@ class Allocator:
         return float("inf") if budget >= UNBOUNDED else budget
 
     @property
+    def retires_in_any_order(self) -> bool:
+        """Whether the slot engine may observe a request as soon as its rollouts are scored, not in issue
+        order (rollout/events.py). True for SARA fill without a set budget, selection or Prefix Sampling:
+        trained plus pending groups never exceed B there, so every group it confirms is trained, and each
+        prompt's fate (abandoned, or confirmed and trained) depends only on its own rollouts (its key, hence
+        its rollouts, is its place in the step's fixed prompt order). The prompts it opens are then the
+        shortest prefix of that order holding B trained groups, whenever each group's events come: the
+        same groups as round mode, whatever the answers' lengths, with no prompt waiting on another's
+        longest answer. A set budget, a selection method (candidates drawn per opening) or replays make
+        decisions depend on the order of events, so those keep issue order."""
+        c = self.cfg
+        return (c.method == "sara" and c.sara.mode == "fill" and c.budget is None and c.selection.method == "none"
+                and not self.ps.enabled)
+
+    @property
     def max_groups(self) -> int:
         """The most groups a step trains: B, plus the replay slots when re-rollout groups go on top."""
         return self.cfg.num_prompts + self.ps.extra_groups(self.cfg.num_prompts)

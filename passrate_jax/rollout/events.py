@@ -16,6 +16,11 @@ lengths alone, never of timing: a seed gives the same ``metrics.jsonl``. With ev
 length and a chunk at least the token limit, each round retires in one event and the step makes round
 mode's decisions exactly.
 
+One method need not wait: SARA fill (no set budget, selection or replays) keeps trained plus pending
+groups within B, so every group it confirms is trained and no group competes with another for the batch;
+its requests retire as soon as they are scored (``Allocator.retires_in_any_order`` says why the trained
+groups are still round mode's), so one prompt's long answer no longer holds every later decision.
+
 The step ends when the machine is done (``StepRun.done``: its batch is complete, or its budget or
 round limit is reached, and no request it still needs is in flight). Rollouts then still queued or
 running are aborted: counted (``rollouts/aborted``, ``tokens/wasted``), spent, never trained.
@@ -62,7 +67,7 @@ class RolloutStream(Protocol):
 
 
 def collect_rollouts_events(allocator: Allocator, state: AllocatorState, backend: RolloutBackend, params, *,
-                            seed: int) -> StepRollouts:
+                            seed: int, any_order: bool | None = None) -> StepRollouts:
     """Run one step's allocation on ``backend.stream(params, seed)`` (see the module docstring); returns
     what :func:`~.loop.collect_rollouts` returns, with the engine's counters in ``engine``. Fresh groups'
     first requests are started ahead into free slots (:mod:`.ahead`; ``backend.lookahead`` groups at most,
@@ -70,6 +75,8 @@ def collect_rollouts_events(allocator: Allocator, state: AllocatorState, backend
     if not hasattr(backend, "stream"):
         raise ConfigError(f"sampling.engine = 'slots': the rollout backend {type(backend).__name__} has no "
                           "stream of decode slots; set sampling.engine=rounds")
+    if any_order is None:
+        any_order = getattr(allocator, "retires_in_any_order", False)
     run = allocator.start_step(state)
     table, order, by_key = RolloutTable(), collections.deque(), {}
     opened, replay_buckets = [], {}
@@ -92,9 +99,7 @@ def collect_rollouts_events(allocator: Allocator, state: AllocatorState, backend
         issue()
         while not run.done:
             _score(backend, stream, by_key, ahead, stream.advance())
-            retired = []
-            while order and order[0].complete:
-                retired.append(order.popleft())
+            retired = _take_retired(order, any_order)
             if retired:
                 run.observe_some(_retire(backend, table, retired))
                 issue()
@@ -110,6 +115,22 @@ def collect_rollouts_events(allocator: Allocator, state: AllocatorState, backend
         result = dataclasses.replace(result, groups=[g for g in result.groups if g.group_key not in unobserved])
     return StepRollouts(result, new_state, table, backend_counters, engine=counters, opened=opened,
                         replay_buckets=replay_buckets)
+
+
+def _take_retired(order: collections.deque, any_order: bool) -> list[Flight]:
+    """Remove and return the requests that retire now: the complete ones at the head of ``order`` (issue
+    order), or with ``any_order`` every complete one (in issue order among themselves)."""
+    if not any_order:
+        retired = []
+        while order and order[0].complete:
+            retired.append(order.popleft())
+        return retired
+    retired = [f for f in order if f.complete]
+    if retired:
+        waiting = [f for f in order if not f.complete]
+        order.clear()
+        order.extend(waiting)
+    return retired
 
 
 def _abort(stream: RolloutStream, ahead: Ahead) -> dict:
