@@ -5,7 +5,8 @@ device layouts (tests/test_sharding_loop.py, tests/test_multihost.py).
 
 Each ``--mesh`` runs the same config once more on that mesh (in this process, so the fake device
 count is set once); the trace holds, per run and per step, every rollout's generated tokens
-(replayed prefix included) and reward, the allocator's decisions (trained groups with their success
+(replayed prefix included) and reward, the length of every rollout the slot engine decoded (scored,
+aborted or an unused guess), the allocator's decisions (trained groups with their success
 bits and prefix, abandoned groups, rounds), the ``metrics.jsonl`` records and the final parameters.
 Nothing is replaced: the wrapper only reads what the run's rollout loop (``collect_rollouts`` in round mode,
 ``collect_rollouts_events`` on the slot engine) returned.
@@ -23,9 +24,39 @@ from passrate_jax.run.config import load_config
 from passrate_jax.run.metrics import read_jsonl
 
 
+class _RecordingStream:
+    """A slot-engine stream that notes the length of every rollout it decoded, scored or not (aborted,
+    unused guesses): a flip in a rollout that is never scored changes only the pool's counters, and the
+    comparison must see it to tell that apart from a real divergence."""
+
+    def __init__(self, stream, decoded: list):
+        self._stream, self._decoded = stream, decoded
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+    def advance(self):
+        out = self._stream.advance()
+        self._decoded += [[repr(tag), int(i), int(self._stream.length(r))] for tag, i, r in out]
+        return out
+
+    def abort(self):
+        out = self._stream.abort()
+        self._decoded += [[repr(tag), int(i), int(tokens)] for tag, i, tokens in out]
+        return out
+
+
 def _traced_collect(steps: list, original):
     def collect(allocator, state, backend, params, *, seed):
-        ro = original(allocator, state, backend, params, seed=seed)
+        decoded: list = []
+        if hasattr(backend, "stream"):
+            plain = backend.stream
+            backend.stream = lambda p, s: _RecordingStream(plain(p, s), decoded)
+        try:
+            ro = original(allocator, state, backend, params, seed=seed)
+        finally:
+            if hasattr(backend, "stream"):
+                del backend.stream
         t = ro.table
         steps.append({
             "rollouts": [[int(k), int(i), int(r), backend.store.response(int(k), int(i)) if seen else None]
@@ -33,7 +64,8 @@ def _traced_collect(steps: list, original):
             "groups": [[g.group_key, g.prompt_id, list(g.rewards), None if g.prefix is None else
                         [g.prefix.source_group, g.prefix.source_rollout, float(g.prefix.cut_ratio)]]
                        for g in ro.result.groups],
-            "abandoned": sorted([int(x) for x in a] for a in ro.result.abandoned), "rounds": int(ro.result.rounds)})
+            "abandoned": sorted([int(x) for x in a] for a in ro.result.abandoned), "rounds": int(ro.result.rounds),
+            "decoded": sorted(decoded)})
         return ro
     return collect
 

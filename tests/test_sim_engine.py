@@ -153,7 +153,8 @@ def test_pool_matches_the_event_loop(method):
     same, and runs the same chunks, slot-steps and live steps as the host loop."""
     allocator = Allocator(CROSS_CHECKED[method], PrefixSamplingConfig(), PROMPTS)
     rng = np.random.default_rng(7)
-    timing = Timing(slots=12, chunk=4, max_chunks=10_000, row_buckets=(64,))
+    timing = Timing(slots=12, chunk=4, max_chunks=10_000, row_buckets=(64,),
+                    any_order=allocator.retires_in_any_order)  # SARA fill: each request retires when scored
     state_jit = state_host = allocator.init(jax.random.PRNGKey(1))
     step_jit = _stepper(run_step_events, allocator, timing)
     for step in range(3):

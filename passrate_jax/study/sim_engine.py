@@ -14,8 +14,9 @@ answer of L tokens is L - 1 decode steps):
   steps of every live row (fewer when every row ends sooner): steps x S slot-steps; a rollout that ends
   in chunk c is delivered by the next ``advance``: after chunk c + 1 is dispatched (the host scores chunk
   c while the device runs c + 1), or, while rollouts are queued, before, so that its slot takes a queued
-  rollout in chunk c + 1. Requests retire in issue order; the retired requests of one harvest are one event for
-  ``observe_event``, after which ``plan_event`` issues new requests. The step ends when the machine is
+  rollout in chunk c + 1. Requests retire in issue order (or, with ``Timing.any_order``, each as soon as
+  it is complete: ``Allocator.retires_in_any_order``); the retired requests of one harvest are one event
+  for ``observe_event``, after which ``plan_event`` issues new requests. The step ends when the machine is
   done; rollouts still queued or in slots are aborted (counted, their tokens wasted).
 
 Shapes are static: a ring of ``G`` requests in flight (the table's rows: a row has at most one), ``S``
@@ -40,24 +41,28 @@ from passrate_jax.allocation.machine import (begin_step, finish_step, observe_ev
 @dataclasses.dataclass(frozen=True)
 class Timing:
     """Static sizes of the time model: ``slots`` (S), ``chunk`` (k decode steps), ``max_chunks`` a step,
-    round mode's ``row_buckets``."""
+    round mode's ``row_buckets``; ``any_order``: the engine retires each complete request at once rather
+    than in issue order (the real loop's choice, ``Allocator.retires_in_any_order``)."""
     slots: int
     chunk: int
     max_chunks: int
     row_buckets: tuple[int, ...]
+    any_order: bool = False
 
 
 @struct.dataclass
 class Flights:
     """Requests issued and not retired, in issue order: request number i lives at ring index i % Q.
     Per request: group key, rollouts, first sample index, rollouts started and delivered, and the
-    lengths of its row's N positions (length_qn [Q, N]). head / tail: requests retired / issued."""
+    lengths of its row's N positions (length_qn [Q, N]), and whether it retired out of order (retired_q:
+    the head passes it later). head / tail: the first request not retired / requests issued."""
     key_q: jax.Array
     count_q: jax.Array
     first_q: jax.Array
     started_q: jax.Array
     delivered_q: jax.Array
     length_qn: jax.Array
+    retired_q: jax.Array
     head: jax.Array
     tail: jax.Array
 
@@ -136,11 +141,21 @@ def advance(f: Flights, p: Pool, timing: Timing):
     return _deliver(f, p, c, jnp.bool_(True))
 
 
-def ready(f: Flights):
-    """Requests at the head complete (every rollout delivered): they retire now, int32."""
+def retiring(f: Flights, any_order: bool):
+    """Per position in issue order, bool [Q]: the requests that retire now. Complete ones (every rollout
+    delivered): at the head only, or with ``any_order`` wherever they are."""
     ring, held = _ring(f)
-    complete = held & (f.delivered_q[ring] == f.count_q[ring])
-    return jnp.sum(jnp.cumprod(complete)).astype(jnp.int32)
+    complete = held & (f.delivered_q[ring] == f.count_q[ring]) & ~f.retired_q[ring]
+    return complete if any_order else jnp.cumprod(complete).astype(bool)
+
+
+def retire(f: Flights, now: jax.Array):
+    """Mark the requests ``now`` (from :func:`retiring`) retired; the head passes every retired one."""
+    ring, held = _ring(f)
+    q = ring.shape[0]
+    f = f.replace(retired_q=f.retired_q.at[jnp.where(now, ring, q)].set(True, mode="drop"))
+    passed = jnp.sum(jnp.cumprod(held & f.retired_q[ring])).astype(jnp.int32)
+    return f.replace(head=f.head + passed)
 
 
 def push(f: Flights, t, chunk, lengths_gn):
@@ -152,13 +167,14 @@ def push(f: Flights, t, chunk, lengths_gn):
     tail = f.tail + jnp.sum(new).astype(jnp.int32)
     return f.replace(key_q=put(f.key_q, t.key), count_q=put(f.count_q, chunk), first_q=put(f.first_q, t.n),
                      started_q=put(f.started_q, 0), delivered_q=put(f.delivered_q, 0),
-                     length_qn=put(f.length_qn, lengths_gn), tail=tail), tail - f.head > q
+                     retired_q=put(f.retired_q, False), length_qn=put(f.length_qn, lengths_gn), tail=tail), tail - f.head > q
 
 
 def _empty(capacity: int, group_size: int, slots: int):
     zq, zs, z = jnp.zeros((capacity,), jnp.int32), jnp.zeros((slots,), jnp.int32), jnp.zeros((), jnp.int32)
     f = Flights(key_q=zq, count_q=zq, first_q=zq, started_q=zq, delivered_q=zq,
-                length_qn=jnp.zeros((capacity, group_size), jnp.int32), head=z, tail=z)
+                length_qn=jnp.zeros((capacity, group_size), jnp.int32), retired_q=jnp.zeros((capacity,), bool),
+                head=z, tail=z)
     p = Pool(seq_s=zs - 1, left_s=zs, tokens_s=zs, done_at_s=zs, chunks=z, slot_steps=z, live_steps=z,
              limit_hit=z, stuck=z, overflow=z)
     return f, p
@@ -170,6 +186,7 @@ def run_step_events(setup, knobs, state, outcomes, lengths_of, timing: Timing):
     tokens of each row's rollouts. Returns (state, table, counters dict of int32 scalars)."""
     state, t = begin_step(setup, knobs, state)
     with_queues = functools.partial(with_step_carry, state)
+    ready = lambda f: jnp.any(retiring(f, timing.any_order))  # noqa: E731
 
     def issue(st, t, f, p):
         st, t, chunk = plan_event(setup, knobs, st, t)
@@ -179,26 +196,26 @@ def run_step_events(setup, knobs, state, outcomes, lengths_of, timing: Timing):
     def chunks_until_event(f, p):
         def cond(c):
             f, p = c
-            return (ready(f) == 0) & (p.chunks < timing.max_chunks) & (p.stuck == 0)
+            return ~ready(f) & (p.chunks < timing.max_chunks) & (p.stuck == 0)
 
         def body(c):
             f, p = advance(*c, timing)
             idle = (jnp.sum(_queued(f)) == 0) & jnp.all(p.seq_s < 0)
-            return f, p.replace(stuck=(idle & (ready(f) == 0)).astype(jnp.int32))
+            return f, p.replace(stuck=(idle & ~ready(f)).astype(jnp.int32))
         return jax.lax.while_loop(cond, body, (f, p))
 
     def observe(st, t, f, p):
-        ring, held = _ring(f)
-        retiring = held & (jnp.arange(ring.shape[0]) < ready(f))
-        rows = (t.inflight > 0) & jnp.any((t.key[:, None] == f.key_q[ring][None, :]) & retiring[None, :], axis=1)
+        ring, _ = _ring(f)
+        now = retiring(f, timing.any_order)
+        rows = (t.inflight > 0) & jnp.any((t.key[:, None] == f.key_q[ring][None, :]) & now[None, :], axis=1)
         rewards, observed = outcomes(st, t)
         st, t = observe_event(setup, knobs, st, t, rewards, observed, rows)
-        return issue(st, t, f.replace(head=f.head + ready(f)), p)
+        return issue(st, t, retire(f, now), p)
 
     def body(carry):
         queues, t, f, p = carry
         f, p = chunks_until_event(f, p)
-        st, t, f, p = jax.lax.cond(ready(f) > 0, observe, lambda *a: a, with_queues(queues), t, f, p)
+        st, t, f, p = jax.lax.cond(ready(f), observe, lambda *a: a, with_queues(queues), t, f, p)
         return step_carry(st), t, f, p
 
     f, p = _empty(t.capacity, setup.N, timing.slots)

@@ -260,6 +260,16 @@ def grid_axes(knobs: Knobs, base: Knobs) -> tuple[int, Knobs]:
     return rank, jax.tree.map(lambda e: 0 if e else None, extra)
 
 
+def _retires_in_any_order(allocator: Allocator, knobs: Knobs | None) -> bool:
+    """The engine's retirement order for this run: the allocator's, unless the swept knobs change what
+    it depends on (method, budget, selection, Prefix Sampling), in which case issue order, which is
+    right for every setting."""
+    base = allocator.knobs
+    same = knobs is None or all(np.all(np.asarray(getattr(knobs, k)) == np.asarray(getattr(base, k)))
+                                for k in ("policy", "budget", "selection", "ps_on"))
+    return allocator.retires_in_any_order and bool(same)
+
+
 def prepare(name: str, sim: SimulatorConfig, alloc: AllocationConfig, ps: PrefixSamplingConfig,
             knobs: Knobs | None = None, world: World | None = None):
     """(jitted run, its arguments) for method ``name``; ``knobs`` (optional, some with leading grid
@@ -272,7 +282,11 @@ def prepare(name: str, sim: SimulatorConfig, alloc: AllocationConfig, ps: Prefix
     allocator = Allocator(cfg, pcfg, sim.num_prompts)
     setup = make_setup(cfg, pcfg, sim.num_prompts, family=True) if knobs is None else allocator.setup
     rank, knob_axes = (0, None) if knobs is None else grid_axes(knobs, allocator.knobs)
-    run = _runner(setup, world or make_world(sim, None), rank, knob_axes)
+    world = world or make_world(sim, None)
+    if world.engine == "slots":
+        world = dataclasses.replace(world, timing=dataclasses.replace(
+            world.timing, any_order=_retires_in_any_order(allocator, knobs)))
+    run = _runner(setup, world, rank, knob_axes)
     return run, (allocator.knobs if knobs is None else knobs, *_seed_inputs(sim, setup))
 
 
