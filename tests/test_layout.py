@@ -22,6 +22,17 @@ def test_imports_point_down_and_none_hides_in_a_function():
     assert measured["in_function_imports"] == 0
 
 
+def test_no_file_over_400_lines_and_no_function_over_60(tmp_path):
+    """The layout issue's size bounds, in passrate_jax/; the measurement counts a 401-line file and a
+    61-line function (decorator included) as over."""
+    assert import_graph.measure_sizes(ROOT, 400, 60) == {"files_over": [], "functions_over": []}
+    (tmp_path / "passrate_jax").mkdir()
+    body = "\n".join(["@staticmethod", "def f():"] + ["    pass"] * 59) + "\n"
+    (tmp_path / "passrate_jax" / "big.py").write_text(body + "\n" * (401 - body.count("\n")))
+    assert import_graph.measure_sizes(str(tmp_path), 400, 60) == {
+        "files_over": ["passrate_jax/big.py: 401 lines"], "functions_over": ["passrate_jax/big.py:1 f: 61 lines"]}
+
+
 def _longest_path_levels(graph):
     """Reference for a DAG: a node's level is the number of edges on the longest path out of it,
     found by trying every path (small graphs only)."""

@@ -22,7 +22,7 @@ from passrate_jax.allocation import Allocator
 from passrate_jax.allocation.config import AllocationConfig, PrefixSamplingConfig, SaraConfig
 from passrate_jax.rollout.events import collect_rollouts_events
 from passrate_jax.study.sim_engine import Timing, run_step_events, run_step_rounds
-from passrate_jax.study.simulate import SimulatorConfig, World, make_world, run_method
+from passrate_jax.study.simulate import SimulatorConfig, World, _retires_in_any_order, make_world, run_method
 from passrate_jax.study.lengths import LengthModel
 from passrate_jax.sampling.config import SamplingConfig
 from tests.fakes import PassThroughBackend, clean_scores
@@ -225,3 +225,16 @@ def test_make_world_reads_sampling_and_the_length_table():
     world = make_world(SimulatorConfig(), SamplingConfig(slots=32, chunk_tokens=4, max_new_tokens=56), "slots")
     assert (world.timing.slots, world.timing.chunk, world.lengths.limit, world.engine) == (32, 4, 56, "slots")
     assert world.lengths.kind == "table" and abs(world.lengths.success_cdf[-1] - 1) < 1e-6
+
+
+def test_the_simulator_retires_in_any_order_exactly_where_the_real_loop_does():
+    """``prepare`` gives the simulated engine the allocator's retirement order (SARA fill: as scored),
+    and issue order where a sweep varies what that order depends on (here the budget)."""
+    for name, cfg, expected in (("sara_fill", CROSS_CHECKED["sara_fill"], True), ("ds", CROSS_CHECKED["ds"], False),
+                                ("sara_fixed", AllocationConfig(method="sara", num_prompts=B, group_size=N,
+                                                                sara=SaraConfig(mode="fixed_budget")), False)):
+        allocator = Allocator(cfg, PrefixSamplingConfig(), PROMPTS)
+        assert _retires_in_any_order(allocator, None) is expected, name
+        assert _retires_in_any_order(allocator, allocator.knobs) is expected, name
+        swept = allocator.knobs.replace(budget=jnp.asarray([int(allocator.knobs.budget), B * N], jnp.int32))
+        assert _retires_in_any_order(allocator, swept) is False, name

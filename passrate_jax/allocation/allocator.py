@@ -113,7 +113,10 @@ class Allocator:
         shortest prefix of that order holding B trained groups, whenever each group's events come: the
         same groups as round mode, whatever the answers' lengths, with no prompt waiting on another's
         longest answer. A set budget, a selection method (candidates drawn per opening) or replays make
-        decisions depend on the order of events, so those keep issue order."""
+        decisions depend on the order of events, so those keep issue order. Fill's own safety bounds
+        (its budget of gen_batch_multiple * max_gen_batches * B * N rollouts, ``sara.max_rounds``) are
+        the exception: a step that reaches one stops at a point that depends on the order of events
+        (every step of the engine study, docs/results_engine.md, trained B groups within 158 rounds)."""
         c = self.cfg
         return (c.method == "sara" and c.sara.mode == "fill" and c.budget is None and c.selection.method == "none"
                 and not self.ps.enabled)

@@ -3,9 +3,9 @@
 A policy says how a round is planned (which groups are opened or continued, how many rollouts each
 requests) and what is decided about the groups whose outcomes just came in. Everything else (Prefix
 Sampling replays, recording outcomes, completing groups to N, the end-of-step updates) is shared and
-lives in :mod:`.machine`. Policies are stateless, hashable objects: the machine takes them as static
-arguments, so each method compiles once and never tests a method name inside a round. What a method
-keeps across steps (its queues) is its own pytree, ``state.policy``, which only its hooks touch.
+lives in :mod:`.machine`. Policies are stateless, hashable objects (static arguments: each method
+compiles once, no method name is tested inside a round); a method's queues are its own pytree,
+``state.policy``, which only its hooks touch.
 """
 
 from __future__ import annotations
@@ -102,9 +102,8 @@ class Setup:
 
 @struct.dataclass
 class Opening:
-    """Fresh prompts a round opens: ``k`` (int32, at most the policy's ``max_open``) new rows with this
-    status, first request ``chunk`` and ``pilot`` flag. The machine chooses the prompts (the selection
-    method's part), so one selection serves every policy."""
+    """Fresh prompts a round opens: ``k`` (int32, at most the policy's ``max_open``) new rows with this status,
+    first request ``chunk`` and ``pilot`` flag. The machine (selection) chooses the prompts for every policy."""
     k: jax.Array
     status: jax.Array
     chunk: jax.Array

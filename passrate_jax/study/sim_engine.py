@@ -167,7 +167,8 @@ def push(f: Flights, t, chunk, lengths_gn):
     tail = f.tail + jnp.sum(new).astype(jnp.int32)
     return f.replace(key_q=put(f.key_q, t.key), count_q=put(f.count_q, chunk), first_q=put(f.first_q, t.n),
                      started_q=put(f.started_q, 0), delivered_q=put(f.delivered_q, 0),
-                     retired_q=put(f.retired_q, False), length_qn=put(f.length_qn, lengths_gn), tail=tail), tail - f.head > q
+                     retired_q=put(f.retired_q, False), length_qn=put(f.length_qn, lengths_gn),
+                     tail=tail), tail - f.head > q
 
 
 def _empty(capacity: int, group_size: int, slots: int):

@@ -8,8 +8,7 @@ upward by ``sim.drift`` in logit units per step to mimic learning. Rollouts are 
 re-rollout from a prefix cut at ratio r of a successful trajectory succeeds with p + (1 - p) r^k, from
 a failed one with p (1 - r^k), k = ``sim.ps_response_power``. Every method reads the same uniform
 random numbers (rollout j of prompt i at step t uses the same draw under every method) and its
-allocator starts from the same PRNG key. Each rollout also has a length in tokens (:mod:`.lengths`:
-the default preset's measured lengths given the outcome, a lognormal long tail, or a constant).
+allocator starts from the same PRNG key. Each rollout has a length in tokens (:mod:`.lengths`).
 
 The step is the allocator's own round machine (:mod:`passrate_jax.allocation.machine`) with Bernoulli
 draws in place of the sampler, in each rollout mode of ``sim.engine`` (:mod:`.sim_engine`): round
@@ -261,13 +260,11 @@ def grid_axes(knobs: Knobs, base: Knobs) -> tuple[int, Knobs]:
 
 
 def _retires_in_any_order(allocator: Allocator, knobs: Knobs | None) -> bool:
-    """The engine's retirement order for this run: the allocator's, unless the swept knobs change what
-    it depends on (method, budget, selection, Prefix Sampling), in which case issue order, which is
-    right for every setting."""
-    base = allocator.knobs
-    same = knobs is None or all(np.all(np.asarray(getattr(knobs, k)) == np.asarray(getattr(base, k)))
-                                for k in ("policy", "budget", "selection", "ps_on"))
-    return allocator.retires_in_any_order and bool(same)
+    """The allocator's retirement order, or issue order (right for every setting) where the swept knobs
+    change what it depends on."""
+    return allocator.retires_in_any_order and (knobs is None or all(
+        np.all(np.asarray(getattr(knobs, k)) == getattr(allocator.knobs, k)) for k in ("policy", "budget",
+                                                                                        "selection", "ps_on")))
 
 
 def prepare(name: str, sim: SimulatorConfig, alloc: AllocationConfig, ps: PrefixSamplingConfig,
@@ -284,8 +281,8 @@ def prepare(name: str, sim: SimulatorConfig, alloc: AllocationConfig, ps: Prefix
     rank, knob_axes = (0, None) if knobs is None else grid_axes(knobs, allocator.knobs)
     world = world or make_world(sim, None)
     if world.engine == "slots":
-        world = dataclasses.replace(world, timing=dataclasses.replace(
-            world.timing, any_order=_retires_in_any_order(allocator, knobs)))
+        world = dataclasses.replace(world, timing=dataclasses.replace(world.timing, any_order=_retires_in_any_order(
+            allocator, knobs)))
     run = _runner(setup, world, rank, knob_axes)
     return run, (allocator.knobs if knobs is None else knobs, *_seed_inputs(sim, setup))
 
