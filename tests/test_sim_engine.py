@@ -8,10 +8,12 @@ a hand count and against the real event loop (rollout/events.py), and against ro
   engine's numbers are round mode's for every method.
 - No length bias: failed answers three times longer than successful ones, DS admits exactly round
   mode's groups and SARA's trained groups keep round mode's pass-rate distribution.
+- Out-of-order retirement frees its positions: the requests in flight stay in issue order, renumbered.
 """
 
 import collections
 import functools
+import types
 
 import jax
 import jax.numpy as jnp
@@ -21,7 +23,7 @@ import pytest
 from passrate_jax.allocation import Allocator
 from passrate_jax.allocation.config import AllocationConfig, PrefixSamplingConfig, SaraConfig
 from passrate_jax.rollout.events import collect_rollouts_events
-from passrate_jax.study.sim_engine import Timing, run_step_events, run_step_rounds
+from passrate_jax.study.sim_engine import Timing, _empty, push, retire, retiring, run_step_events, run_step_rounds
 from passrate_jax.study.simulate import SimulatorConfig, World, _retires_in_any_order, make_world, run_method
 from passrate_jax.study.lengths import LengthModel
 from passrate_jax.sampling.config import SamplingConfig
@@ -54,7 +56,7 @@ def test_tiny_step_counted_by_hand():
     assert {k: int(v) for k, v in rounds.items() if k in ("slot_steps", "live_steps", "chunks")} == {
         "slot_steps": 24, "live_steps": 11, "chunks": 1}
     assert {k: int(v) for k, v in engine.items()} == {"chunks": 4, "slot_steps": 18, "live_steps": 11, "aborted": 0,
-                                                      "wasted": 0, "limit_hit": 0, "stuck": 0, "ring_overflow": 0}
+                                                      "wasted": 0, "limit_hit": 0, "stuck": 0, "overflow": 0}
     assert int(t.trained) == int(e.trained) == 1
 
 
@@ -173,7 +175,7 @@ def test_pool_matches_the_event_loop(method):
             **{k: host.engine[k] for k in ("chunks", "slot_steps", "live_steps")},
             "aborted": host.engine["rollouts/aborted"], "wasted": host.engine["tokens/wasted"]}
         state_host = host.state
-    assert counters["limit_hit"] == counters["stuck"] == counters["ring_overflow"] == 0
+    assert counters["limit_hit"] == counters["stuck"] == counters["overflow"] == 0
 
 
 SIM = SimulatorConfig(steps=30, num_prompts=128, seeds=2, warmup=1)
@@ -238,3 +240,27 @@ def test_the_simulator_retires_in_any_order_exactly_where_the_real_loop_does():
         assert _retires_in_any_order(allocator, allocator.knobs) is expected, name
         swept = allocator.knobs.replace(budget=jnp.asarray([int(allocator.knobs.budget), B * N], jnp.int32))
         assert _retires_in_any_order(allocator, swept) is False, name
+
+
+def test_retiring_out_of_order_frees_positions_and_renumbers_slots():
+    """Three positions. Request 0 is long (a rollout still decoding), request 1 is complete, request 2 has
+    a rollout in a slot: ``any_order`` retires request 1 alone (issue order retires nothing), the live
+    requests move down with their slots' numbers, and a fourth request then fits. A ring that drops
+    requests only from its head overflowed here (the long-tail simulation's SARA fill: 20 of 1,000
+    steps); without renumbering, the slot of request 2 would deliver to the wrong request."""
+    f, p = _empty(3, 2, 2)
+    t = types.SimpleNamespace(key=jnp.array([10, 11, 12]), n=jnp.zeros(3, jnp.int32))
+    f, full = push(f, t, jnp.array([2, 2, 2]), jnp.full((3, 2), 5))
+    f = f.replace(started_q=jnp.array([2, 2, 1]), delivered_q=jnp.array([1, 2, 0]))
+    p = p.replace(seq_s=jnp.array([0, 2]))
+    assert retiring(f, any_order=False).tolist() == [False, False, False]
+    now = retiring(f, any_order=True)
+    assert now.tolist() == [False, True, False] and not bool(full)
+    f, p = retire(f, p, now)
+    assert int(f.count) == 2 and f.key_q[:2].tolist() == [10, 12] and f.started_q[:2].tolist() == [2, 1]
+    assert p.seq_s.tolist() == [0, 1]
+    t = types.SimpleNamespace(key=jnp.array([13, 0, 0]), n=jnp.zeros(3, jnp.int32))
+    f, full = push(f, t, jnp.array([2, 0, 0]), jnp.full((3, 2), 5))
+    assert not bool(full) and int(f.count) == 3 and f.key_q.tolist() == [10, 12, 13]
+    f, full = push(f, t, jnp.array([2, 0, 0]), jnp.full((3, 2), 5))
+    assert bool(full)  # a fourth live request does not fit: the step is flagged, not silently wrong

@@ -19,7 +19,7 @@ answer of L tokens is L - 1 decode steps):
   for ``observe_event``, after which ``plan_event`` issues new requests. The step ends when the machine is
   done; rollouts still queued or in slots are aborted (counted, their tokens wasted).
 
-Shapes are static: a ring of ``G`` requests in flight (the table's rows: a row has at most one), ``S``
+Shapes are static: a list of ``G`` requests in flight (the table's rows: a row has at most one), ``S``
 slots, and at most ``max_chunks`` chunks a step (the step stops there and ``limit_hit`` says so).
 Under ``vmap`` the chunk loop runs inside the event loop, so a lane waiting for its next event costs
 only the pool's [S]-sized bookkeeping, not a machine round.
@@ -52,19 +52,17 @@ class Timing:
 
 @struct.dataclass
 class Flights:
-    """Requests issued and not retired, in issue order: request number i lives at ring index i % Q.
+    """Requests issued and not retired, in issue order: request number i lives at position i < count.
     Per request: group key, rollouts, first sample index, rollouts started and delivered, and the
-    lengths of its row's N positions (length_qn [Q, N]), and whether it retired out of order (retired_q:
-    the head passes it later). head / tail: the first request not retired / requests issued."""
+    lengths of its row's N positions (length_qn [Q, N]). Retiring closes the gaps (:func:`retire`), so
+    the numbers of the requests after a retired one move down."""
     key_q: jax.Array
     count_q: jax.Array
     first_q: jax.Array
     started_q: jax.Array
     delivered_q: jax.Array
     length_qn: jax.Array
-    retired_q: jax.Array
-    head: jax.Array
-    tail: jax.Array
+    count: jax.Array
 
 
 @struct.dataclass
@@ -72,7 +70,8 @@ class Pool:
     """The slots: the occupant's request number (-1: free), tokens it has still to decode and has
     generated, and the chunk in which it ended (read once ``left_s`` is 0). Counters, int32 scalars:
     chunks dispatched, slot_steps and live_steps (live rows summed over decode steps), limit_hit,
-    stuck (nothing in flight and nothing to observe: the real loop raises), overflow (ring full)."""
+    stuck (nothing in flight and nothing to observe: the real loop raises), overflow (more requests in
+    flight than positions)."""
     seq_s: jax.Array
     left_s: jax.Array
     tokens_s: jax.Array
@@ -85,34 +84,30 @@ class Pool:
     overflow: jax.Array
 
 
-def _ring(f: Flights):
-    """(ring index of each position in issue order from the head, bool: the position holds a request)."""
-    q = f.key_q.shape[0]
-    pos = jnp.arange(q)
-    return (f.head + pos) % q, pos < f.tail - f.head
+def _held(f: Flights):
+    """bool [Q]: the positions that hold a request."""
+    return jnp.arange(f.key_q.shape[0]) < f.count
 
 
 def _queued(f: Flights):
     """Rollouts not yet started, per position in issue order, int32 [Q]."""
-    ring, held = _ring(f)
-    return jnp.where(held, f.count_q[ring] - f.started_q[ring], 0)
+    return jnp.where(_held(f), f.count_q - f.started_q, 0)
 
 
 def _start(f: Flights, p: Pool):
     """Queued rollouts into free slots: the r-th free slot takes the r-th queued rollout."""
-    ring, _ = _ring(f)
     waiting = _queued(f)
     end = jnp.cumsum(waiting)
     free = p.seq_s < 0
     rank = jnp.cumsum(free) - 1
     take = free & (rank < end[-1])
-    at = jnp.minimum(jnp.searchsorted(end, rank, side="right"), ring.shape[0] - 1)
-    r = ring[at]
-    j = f.first_q[r] + f.started_q[r] + rank - (end[at] - waiting[at])
-    length = f.length_qn[r, jnp.clip(j, 0, f.length_qn.shape[1] - 1)]
-    p = p.replace(seq_s=jnp.where(take, f.head + at, p.seq_s), left_s=jnp.where(take, length - 1, p.left_s),
+    q = waiting.shape[0]
+    at = jnp.minimum(jnp.searchsorted(end, rank, side="right"), q - 1)
+    j = f.first_q[at] + f.started_q[at] + rank - (end[at] - waiting[at])
+    length = f.length_qn[at, jnp.clip(j, 0, f.length_qn.shape[1] - 1)]
+    p = p.replace(seq_s=jnp.where(take, at, p.seq_s), left_s=jnp.where(take, length - 1, p.left_s),
                   tokens_s=jnp.where(take, 1, p.tokens_s), done_at_s=jnp.where(take, p.chunks, p.done_at_s))
-    return f.replace(started_q=f.started_q.at[jnp.where(take, r, ring.shape[0])].add(1, mode="drop")), p
+    return f.replace(started_q=f.started_q.at[jnp.where(take, at, q)].add(1, mode="drop")), p
 
 
 def _deliver(f: Flights, p: Pool, before: jax.Array, when: jax.Array):
@@ -120,7 +115,7 @@ def _deliver(f: Flights, p: Pool, before: jax.Array, when: jax.Array):
     ``delivered_q`` counts go up, their slots are freed)."""
     deliver = when & (p.seq_s >= 0) & (p.left_s == 0) & (p.done_at_s < before)
     q = f.key_q.shape[0]
-    f = f.replace(delivered_q=f.delivered_q.at[jnp.where(deliver, p.seq_s % q, q)].add(1, mode="drop"))
+    f = f.replace(delivered_q=f.delivered_q.at[jnp.where(deliver, p.seq_s, q)].add(1, mode="drop"))
     return f, p.replace(seq_s=jnp.where(deliver, -1, p.seq_s))
 
 
@@ -143,39 +138,46 @@ def advance(f: Flights, p: Pool, timing: Timing):
 
 def retiring(f: Flights, any_order: bool):
     """Per position in issue order, bool [Q]: the requests that retire now. Complete ones (every rollout
-    delivered): at the head only, or with ``any_order`` wherever they are."""
-    ring, held = _ring(f)
-    complete = held & (f.delivered_q[ring] == f.count_q[ring]) & ~f.retired_q[ring]
+    delivered): at the head only (the longest complete run from position 0), or with ``any_order``
+    wherever they are."""
+    complete = _held(f) & (f.delivered_q == f.count_q)
     return complete if any_order else jnp.cumprod(complete).astype(bool)
 
 
-def retire(f: Flights, now: jax.Array):
-    """Mark the requests ``now`` (from :func:`retiring`) retired; the head passes every retired one."""
-    ring, held = _ring(f)
-    q = ring.shape[0]
-    f = f.replace(retired_q=f.retired_q.at[jnp.where(now, ring, q)].set(True, mode="drop"))
-    passed = jnp.sum(jnp.cumprod(held & f.retired_q[ring])).astype(jnp.int32)
-    return f.replace(head=f.head + passed)
+def retire(f: Flights, p: Pool, now: jax.Array):
+    """Retire the requests ``now`` (from :func:`retiring`) and close the gaps they leave: the requests
+    still live keep their issue order and move down, and the slots' request numbers with them. (A ring
+    that only dropped requests from its head overflowed under ``Timing.any_order`` with a long tail: a
+    long answer at the head held it while the tail ran ``Q`` requests ahead, with far fewer live.)
+    Returns (flights, pool)."""
+    live = _held(f) & ~now
+    src = jnp.argsort(~live, stable=True)  # the live requests' positions first, in issue order
+    moved = lambda a: a[src]  # noqa: E731
+    f = f.replace(key_q=moved(f.key_q), count_q=moved(f.count_q), first_q=moved(f.first_q),
+                  started_q=moved(f.started_q), delivered_q=moved(f.delivered_q),
+                  length_qn=moved(f.length_qn), count=jnp.sum(live).astype(jnp.int32))
+    q = live.shape[0]
+    renumbered = (jnp.cumsum(live) - 1)[jnp.clip(p.seq_s, 0, q - 1)]
+    return f, p.replace(seq_s=jnp.where(p.seq_s >= 0, renumbered, -1).astype(p.seq_s.dtype))
 
 
 def push(f: Flights, t, chunk, lengths_gn):
-    """Append the new requests (rows with ``chunk`` > 0, in row order, as ``StepRun.issue`` lists them)."""
+    """Append the new requests (rows with ``chunk`` > 0, in row order, as ``StepRun.issue`` lists them).
+    Returns (flights, bool: more requests than positions, the step's numbers then unreliable)."""
     q = f.key_q.shape[0]
     new = chunk > 0
-    at = jnp.where(new, (f.tail + jnp.cumsum(new) - 1) % q, q)
+    at = jnp.where(new, f.count + jnp.cumsum(new) - 1, q)
     put = lambda a, v: a.at[at].set(v, mode="drop")  # noqa: E731
-    tail = f.tail + jnp.sum(new).astype(jnp.int32)
+    count = f.count + jnp.sum(new).astype(jnp.int32)
     return f.replace(key_q=put(f.key_q, t.key), count_q=put(f.count_q, chunk), first_q=put(f.first_q, t.n),
                      started_q=put(f.started_q, 0), delivered_q=put(f.delivered_q, 0),
-                     retired_q=put(f.retired_q, False), length_qn=put(f.length_qn, lengths_gn),
-                     tail=tail), tail - f.head > q
+                     length_qn=put(f.length_qn, lengths_gn), count=jnp.minimum(count, q)), count > q
 
 
 def _empty(capacity: int, group_size: int, slots: int):
     zq, zs, z = jnp.zeros((capacity,), jnp.int32), jnp.zeros((slots,), jnp.int32), jnp.zeros((), jnp.int32)
     f = Flights(key_q=zq, count_q=zq, first_q=zq, started_q=zq, delivered_q=zq,
-                length_qn=jnp.zeros((capacity, group_size), jnp.int32), retired_q=jnp.zeros((capacity,), bool),
-                head=z, tail=z)
+                length_qn=jnp.zeros((capacity, group_size), jnp.int32), count=z)
     p = Pool(seq_s=zs - 1, left_s=zs, tokens_s=zs, done_at_s=zs, chunks=z, slot_steps=z, live_steps=z,
              limit_hit=z, stuck=z, overflow=z)
     return f, p
@@ -206,12 +208,11 @@ def run_step_events(setup, knobs, state, outcomes, lengths_of, timing: Timing):
         return jax.lax.while_loop(cond, body, (f, p))
 
     def observe(st, t, f, p):
-        ring, _ = _ring(f)
         now = retiring(f, timing.any_order)
-        rows = (t.inflight > 0) & jnp.any((t.key[:, None] == f.key_q[ring][None, :]) & now[None, :], axis=1)
+        rows = (t.inflight > 0) & jnp.any((t.key[:, None] == f.key_q[None, :]) & now[None, :], axis=1)
         rewards, observed = outcomes(st, t)
         st, t = observe_event(setup, knobs, st, t, rewards, observed, rows)
-        return issue(st, t, retire(f, now), p)
+        return issue(st, t, *retire(f, p, now))
 
     def body(carry):
         queues, t, f, p = carry
@@ -228,7 +229,7 @@ def run_step_events(setup, knobs, state, outcomes, lengths_of, timing: Timing):
                 "aborted": jnp.sum(_queued(f)) + jnp.sum(occupied),
                 "wasted": jnp.sum(jnp.where(occupied, p.tokens_s, 0)),
                 "limit_hit": (~t.done & (p.stuck == 0)).astype(jnp.int32), "stuck": p.stuck,
-                "ring_overflow": p.overflow}
+                "overflow": p.overflow}
     state, t = finish_step(setup, knobs, with_queues(queues), t)
     return state, t, counters
 
@@ -267,4 +268,4 @@ def run_step_rounds(setup, knobs, state, outcomes, lengths_of, timing: Timing):
     state, t = finish_step(setup, knobs, with_queues(queues), t)
     zero = jnp.zeros((), jnp.int32)
     return state, t, {"chunks": cost[2], "slot_steps": cost[0], "live_steps": cost[1], "aborted": zero,
-                      "wasted": zero, "limit_hit": zero, "stuck": zero, "ring_overflow": zero}
+                      "wasted": zero, "limit_hit": zero, "stuck": zero, "overflow": zero}

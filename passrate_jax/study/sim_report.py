@@ -94,7 +94,7 @@ def summarise_timing(m: dict, steps: int) -> dict:
         "trained_length": np.where(trained > 0, total("trained_tokens") / np.maximum(trained, 1), np.nan),
     }
     return {**_mean_sd(per_seed), "chunk_limit_steps": int(m["limit_hit"].sum()), "stuck_steps": int(m["stuck"].sum()),
-            "ring_overflow_steps": int(m["ring_overflow"].sum())}
+            "overflow_steps": int(m["overflow"].sum())}
 
 
 def format_timing(report: dict) -> str:
@@ -114,7 +114,7 @@ def format_timing(report: dict) -> str:
             lines.append(f"{name:<22}{mode:<8}" + "".join(
                 f"{'-' if t[c] is None else format(t[c], '.3f'):>20}" for c in cols))
     hits = {k: sum(m["modes"][mode][k] for m in report["methods"].values() for mode in modes)
-            for k in ("chunk_limit_steps", "stuck_steps", "ring_overflow_steps")}
+            for k in ("chunk_limit_steps", "stuck_steps", "overflow_steps")}
     if any(hits.values()):
         lines.append(f"WARNING: steps cut short: {hits} (raise sim.max_chunks)")
     return "\n".join(lines)
