@@ -32,6 +32,21 @@ SUITE_ENV = {"JAX_COMPILATION_CACHE_DIR": str(CACHE / "jax"),
 for _name, _value in SUITE_ENV.items():
     os.environ.setdefault(_name, _value)
 
+
+def _repair_compile_cache(directory: Path) -> None:
+    """Give every entry of JAX's size-capped cache its access-time file. JAX writes an entry, then that file;
+    once one entry lacks it (a process killed between the two writes, as the kill tests do, or a run here
+    without the size cap), every later write warns on stderr, in every process, and breaks the tests that
+    check a command prints one line."""
+    for entry in directory.glob("*-cache"):
+        access_time = entry.with_name(entry.name.removesuffix("-cache") + "-atime")
+        if not access_time.exists():
+            access_time.write_bytes(time.time_ns().to_bytes(8, "little"))
+
+
+if "PYTEST_XDIST_WORKER" not in os.environ:  # once, in the controller, before any worker compiles
+    _repair_compile_cache(Path(os.environ["JAX_COMPILATION_CACHE_DIR"]))
+
 import jax  # noqa: E402  after the environment above, which JAX reads at import
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
