@@ -152,10 +152,7 @@ def retire(f: Flights, p: Pool, now: jax.Array):
     Returns (flights, pool)."""
     live = _held(f) & ~now
     src = jnp.argsort(~live, stable=True)  # the live requests' positions first, in issue order
-    moved = lambda a: a[src]  # noqa: E731
-    f = f.replace(key_q=moved(f.key_q), count_q=moved(f.count_q), first_q=moved(f.first_q),
-                  started_q=moved(f.started_q), delivered_q=moved(f.delivered_q),
-                  length_qn=moved(f.length_qn), count=jnp.sum(live).astype(jnp.int32))
+    f = jax.tree.map(lambda a: a[src] if a.ndim else a, f).replace(count=jnp.sum(live).astype(jnp.int32))
     q = live.shape[0]
     renumbered = (jnp.cumsum(live) - 1)[jnp.clip(p.seq_s, 0, q - 1)]
     return f, p.replace(seq_s=jnp.where(p.seq_s >= 0, renumbered, -1).astype(p.seq_s.dtype))
