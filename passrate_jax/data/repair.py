@@ -76,29 +76,50 @@ def _true(terms: str, total: str) -> bool:
     return sum(int(t) for t in terms.split("+")) == int(total)
 
 
-def verify(problem, response: str) -> float:
-    """1.0 iff ``response`` is a column addition (``verify_arithmetic``'s rules) in which every false
-    column line has a total exactly one too high and is followed by its redo (same terms, true total),
-    no redo follows a true line, and ``=> answer`` is right. Never raises on bad output."""
+# Why an answer fails (:func:`fault`), in the order the verifier meets them along the answer.
+FAULTS = ("malformed line", "slip not redone", "other false total", "redo of other terms or still false",
+          "redo of a true line", "true lines, wrong answer")
+
+
+def fault(problem, response: str) -> str | None:
+    """None when ``response`` verifies; else the first rule it breaks, one of :data:`FAULTS` (benchmarks/
+    repair_failures.py counts them: a fault a later line could have repaired, a slip not redone, against
+    one no line can, shows whether a replayed prefix decides a group or shifts it). Never raises."""
     if not isinstance(response, str) or len(response) > MAX_RESPONSE_CHARS:
-        return 0.0
+        return FAULTS[0]
     lines = response.rstrip(" \n").split("\n")
     kept, i = [], 0
     while i < len(lines) - 1:
         m = _COLUMN.fullmatch(lines[i])
         if m is None:
-            return 0.0
+            return FAULTS[4] if lines[i].startswith(REDO) and kept else FAULTS[0]
         if _true(m[1], m[2]):
             kept.append(lines[i])
             i += 1
             continue
         redo = _COLUMN.fullmatch(lines[i + 1][len(REDO):]) if lines[i + 1].startswith(REDO) else None
-        if (redo is None or redo[1] != m[1] or not _true(redo[1], redo[2])
-                or int(m[2]) != int(redo[2]) + 1):
-            return 0.0
+        if redo is None:
+            return FAULTS[1] if _off_by(m) == 1 else FAULTS[2]
+        if redo[1] != m[1] or not _true(redo[1], redo[2]):
+            return FAULTS[3]
+        if _off_by(m) != 1:
+            return FAULTS[2]
         kept.append(lines[i + 1][len(REDO):])
         i += 2
-    return verify_arithmetic(problem, "\n".join(kept + lines[-1:]))
+    return None if verify_arithmetic(problem, "\n".join(kept + lines[-1:])) == 1.0 else FAULTS[5]
+
+
+def _off_by(line: re.Match) -> int:
+    """A column line's written total minus its true total."""
+    return int(line[2]) - sum(int(t) for t in line[1].split("+"))
+
+
+def verify(problem, response: str) -> float:
+    """1.0 iff ``response`` is a column addition (``verify_arithmetic``'s rules) in which every false
+    column line has a total exactly one too high and is followed by its redo (same terms, true total),
+    no redo follows a true line, and ``=> answer`` is right (:func:`fault` finds none). Never raises on
+    bad output."""
+    return 1.0 if fault(problem, response) is None else 0.0
 
 
 def length_bound(spec) -> tuple[int, int]:
