@@ -158,10 +158,15 @@ def test_selection_and_budget_probes():
     assert premise("selection", {0: once}, {})["met"] is False and premise("selection", {0: again}, {})["met"] is True
     grpo = {0: seed_probes(_replay_run(lambda t: [], rollouts=128), 3)}
     fill = {0: seed_probes(_replay_run(lambda t: [], rollouts=330, opened=lambda t: list(range(48)), abandoned=30), 3)}
-    budgeted = {0: seed_probes(_replay_run(lambda t: [], rollouts=126), 3)}
+    budgeted = {0: seed_probes(_replay_run(lambda t: [], rollouts=126, evicted=8), 3)}
     probe = premise("budget", fill, grpo)
     assert probe["met"] is False and probe["value"] == pytest.approx(330 / 128) and "pilots kept 38%" in probe["text"]
-    assert premise("budget", budgeted, grpo)["met"] is True
+    probe = premise("budget", budgeted, grpo)
+    assert probe["met"] is True and "pool evicted 12%" in probe["text"]
+    # A drained pool: every prompt evicted, the budget no longer spent (the testbed's 96 prompts by step 80).
+    starved = {0: seed_probes(_replay_run(lambda t: [], rollouts=47, evicted=63), 3)}
+    probe = premise("budget", starved, grpo)
+    assert probe["met"] is False and probe["value"] == pytest.approx(47 / 128) and "pool evicted 98%" in probe["text"]
 
 
 def test_a_claim_whose_premise_fails_is_labelled_so():
