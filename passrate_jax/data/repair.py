@@ -72,8 +72,9 @@ def solution(problem) -> str:
     return "\n".join(lines + [f"=> {problem.answer}"])
 
 
-def _true(terms: str, total: str) -> bool:
-    return sum(int(t) for t in terms.split("+")) == int(total)
+def _off_by(line: re.Match) -> int:
+    """A column line's written total minus its true total (0: the line is true)."""
+    return int(line[2]) - sum(int(t) for t in line[1].split("+"))
 
 
 # Why an answer fails (:func:`fault`), in the order the verifier meets them along the answer.
@@ -93,25 +94,21 @@ def fault(problem, response: str) -> str | None:
         m = _COLUMN.fullmatch(lines[i])
         if m is None:
             return FAULTS[4] if lines[i].startswith(REDO) and kept else FAULTS[0]
-        if _true(m[1], m[2]):
+        off = _off_by(m)
+        if off == 0:
             kept.append(lines[i])
             i += 1
             continue
         redo = _COLUMN.fullmatch(lines[i + 1][len(REDO):]) if lines[i + 1].startswith(REDO) else None
         if redo is None:
-            return FAULTS[1] if _off_by(m) == 1 else FAULTS[2]
-        if redo[1] != m[1] or not _true(redo[1], redo[2]):
+            return FAULTS[1] if off == 1 else FAULTS[2]
+        if redo[1] != m[1] or _off_by(redo) != 0:
             return FAULTS[3]
-        if _off_by(m) != 1:
+        if off != 1:
             return FAULTS[2]
         kept.append(lines[i + 1][len(REDO):])
         i += 2
     return None if verify_arithmetic(problem, "\n".join(kept + lines[-1:])) == 1.0 else FAULTS[5]
-
-
-def _off_by(line: re.Match) -> int:
-    """A column line's written total minus its true total."""
-    return int(line[2]) - sum(int(t) for t in line[1].split("+"))
 
 
 def verify(problem, response: str) -> float:

@@ -62,6 +62,7 @@ def seed_probes(records: list[dict], ps_warmup: int) -> dict:
     opened = [p for r in steps for p in r.get("prompts_opened", [])]
     pool = steps[-1].get("train_prompts") if steps else None
     abandoned = sum(r.get("abandoned", 0) for r in steps)
+    evicted = float(steps[-1].get("evicted_total", nan)) if steps else nan
     return {
         **_ps_probe(steps, ps_warmup),
         "openings": len(opened),
@@ -70,8 +71,8 @@ def seed_probes(records: list[dict], ps_warmup: int) -> dict:
         "rollouts_per_step": float(np.mean([r.get("rollouts_step", nan) for r in steps])) if steps else nan,
         # Pilot-Commit: every opening is a pilot; a skipped or evicted pilot is abandoned, a kept one is not.
         "pilots_kept": 1.0 - abandoned / len(opened) if opened else nan,
-        "evicted": float(steps[-1].get("evicted_total", nan)) if steps else nan,
-        "evicted_fraction": float(steps[-1].get("evicted_total", nan)) / pool if steps and pool else nan,
+        "evicted": evicted,
+        "evicted_fraction": evicted / pool if pool else nan,
     }
 
 
