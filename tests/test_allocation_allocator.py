@@ -104,7 +104,7 @@ def test_state_round_trips_through_a_dict_of_arrays():
     b, _, _ = drive(allocator, again, 2, RATES, seed=9)
     assert [r.groups for r in a] == [r.groups for r in b]  # restored state continues identically
     with pytest.raises(ValueError):
-        state_from_dict({**flat, "evicted": np.zeros(3, bool)}, state)
+        state_from_dict({**flat, "evicted_until": np.zeros(3, np.int32)}, state)
 
 
 def test_protocol_errors():

@@ -101,3 +101,22 @@ def test_budgeted_preset_stays_within_grpo_budget_on_a_real_run(tmp_path, fake_v
     assert [r["step"] for r in steps] == [1, 2, 3]
     assert all(0 < r["rollouts_step"] <= 4 * 8 for r in steps)
     assert sum(r["groups_trained"] for r in steps) > 0
+
+
+@pytest.mark.parametrize("evict_steps", [0, 3])
+def test_an_evicted_prompt_returns_after_evict_steps(evict_steps):
+    """Prompts 0-7 always succeed (a pilot of 4 all right evicts), the rest never: an evicted prompt is
+    not opened in the ``evict_steps`` steps after its eviction's, then may be again (never, with 0)."""
+    allocator = make(16, evict_steps=evict_steps)
+    state, evicted_at, reopened = allocator.init(jax.random.PRNGKey(2)), {}, []
+    for t in range(12):
+        _, state, rounds = run_step(allocator, state, lambda r: np.full(r.num_rollouts, r.prompt_id < 8))
+        for p in {r.prompt_id for reqs in rounds for r in reqs if r.first_index == 0}:
+            if p in evicted_at:
+                assert t - evicted_at[p] > evict_steps > 0  # reopened only once its eviction expired
+                reopened.append(p)
+            if p < 8:
+                evicted_at[p] = t
+        out = np.asarray(state.evicted_until) > int(state.step)
+        assert out.sum() == sum(t - s < evict_steps or not evict_steps for s in evicted_at.values())
+    assert len(evicted_at) == 8 and (len(reopened) > 0) == (evict_steps > 0)

@@ -74,7 +74,7 @@ def init_state(setup: Setup, key) -> AllocatorState:
     """A fresh state for ``setup`` (of one method, or a :class:`~.family.Family`): uninformed selection
     models, the policy's own state (empty queues), an empty replay queue, controllers at ratio_init."""
     return AllocatorState(step=jnp.zeros((), jnp.int32), key=jnp.asarray(key, jnp.uint32),
-                          next_group_key=jnp.zeros((), jnp.int32), evicted=jnp.zeros((setup.num_prompts,), bool),
+                          next_group_key=jnp.zeros((), jnp.int32), evicted_until=jnp.zeros((setup.num_prompts,), jnp.int32),
                           selection=selection_init(setup.num_prompts, setup.cfg.selection),
                           policy=setup.policy.init(setup), replay_queue=queue_init(setup.B, setup.N),
                           prefix_control=prefix_control_init(setup.N, setup.ps))

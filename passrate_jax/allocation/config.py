@@ -53,6 +53,8 @@ class PilotCommitConfig:
     p_low: float = option(0.125, ge=0, le=1)
     p_high: float = option(0.25, ge=0, le=1)
     buffer_max_age: int = option(4, ge=0)
+    evict_steps: int = option(0, ge=0, doc="a prompt whose pilot succeeded on every rollout is left out of the "
+                                           "next evict_steps steps; 0: for the rest of the run (the released code)")
     max_rounds: int = option(10, ge=1)
 
 

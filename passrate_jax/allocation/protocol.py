@@ -87,7 +87,8 @@ class AllocatorState:
     """Everything the allocator keeps across steps (P prompts, N group size).
 
     step: int32 scalar. key: uint32 [2] PRNG key. next_group_key: int32 scalar, next unused group key.
-    evicted: bool [P], prompts Pilot-Commit removed from later epochs. selection: MoPPS/DPS models.
+    evicted_until: int32 [P], per prompt the first step it may be drawn again after Pilot-Commit evicted it
+    (0: never evicted; int32 max: evicted for the rest of the run). selection: MoPPS/DPS models.
     policy: the method's own state, a pytree its policy makes (``Policy.init``) and alone reads: ideal DS's
     surplus queue, Pilot-Commit's buffer of kept pilots, nothing for uniform and SARA.
     replay_queue: Prefix Sampling's replay sources; prefix_control: its per-bucket ratio and EMA.
@@ -95,11 +96,16 @@ class AllocatorState:
     step: jax.Array
     key: jax.Array
     next_group_key: jax.Array
-    evicted: jax.Array
+    evicted_until: jax.Array
     selection: SelectionState
     policy: Any
     replay_queue: GroupQueue
     prefix_control: PrefixControlState
+
+
+def evicted_now(state: AllocatorState) -> jax.Array:
+    """bool [P]: the prompts Pilot-Commit's eviction keeps out of the pool at ``state.step``."""
+    return state.evicted_until > state.step
 
 
 def state_to_dict(state: AllocatorState) -> dict[str, np.ndarray]:

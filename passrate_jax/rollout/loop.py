@@ -17,7 +17,7 @@ from typing import Protocol
 
 import numpy as np
 
-from passrate_jax.allocation import Allocator, AllocatorState, Request, StepResult
+from passrate_jax.allocation import Allocator, AllocatorState, Request, StepResult, evicted_now
 from passrate_jax.allocation.prefix_control import bucket_successes
 from passrate_jax.rollout.store import TrajectoryStore
 from passrate_jax.rollout.table import RolloutTable
@@ -143,10 +143,11 @@ def rollout_metrics(allocator: Allocator, rollouts: StepRollouts, backend: Rollo
         "replay_groups": sum(g.prefix is not None for g in r.groups),
         "pass_rate_hist": hist.tolist(),
         # Premise probes: which prompts were opened (selection learns from revisits), out of how many,
-        # and how many prompts Pilot-Commit has evicted so far (a scripted allocator may know neither).
+        # and how many prompts Pilot-Commit's eviction keeps out of the next step's pool (a scripted allocator
+        # may know neither).
         "prompts_opened": [int(p) for p in rollouts.opened],
         "train_prompts": getattr(allocator, "num_prompts", None),
-        "evicted_total": int(np.sum(np.asarray(getattr(rollouts.state, "evicted", 0)))),
+        "evicted_total": _evicted_total(rollouts.state),
     }
     if "prefill_tokens" in rollouts.backend_counters:
         p, c = rollouts.backend_counters["prefill_tokens"], rollouts.backend_counters["context_tokens"]
@@ -161,6 +162,11 @@ def rollout_metrics(allocator: Allocator, rollouts: StepRollouts, backend: Rollo
                 m[f"ps/pass_rate/{s}"] = float(r.replay_successes[b] / r.replay_rollouts[b])
         m.update(_replay_histograms(rollouts, n))
     return {**m, **rollouts.engine, **rollouts.backend_counters}
+
+
+def _evicted_total(state) -> int:
+    """Prompts out of the next step's pool by Pilot-Commit's eviction (0 for a state without eviction)."""
+    return int(np.sum(np.asarray(evicted_now(state)))) if hasattr(state, "evicted_until") else 0
 
 
 def _replay_histograms(rollouts: StepRollouts, n: int) -> dict:
