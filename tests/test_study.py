@@ -13,7 +13,7 @@ from passrate_jax.run.metrics import read_jsonl
 from passrate_jax.study.runner import make_plan, run_study
 from passrate_jax.study.analysis import analyse
 from passrate_jax.study.methods import CLAIMS, DEFAULT_METHODS, METHODS, NEUTRAL, PS_INVESTIGATION
-from passrate_jax.study.report import DISCUSSION_MARKER, fmt_interval, write_report
+from passrate_jax.study.report import AXES, DISCUSSION_MARKER, figure, fmt_interval, gain_band, write_report
 from passrate_jax.study.stats import (factor_interval, first_reach, km_median, log_factor_bounds, mean_over,
                                       paired_interval)
 from scipy import stats as sps
@@ -198,6 +198,36 @@ def test_plateau_of_a_short_run_leaves_out_the_warm_start():
     runs = {"grpo": {0: _run([0.2, 0.5, 0.7], 100, 4, steps=8, every=4)}}
     a = analyse(runs)
     assert a["plateaus"][0] == pytest.approx(0.6) and a["targets"][0] == pytest.approx(0.2 + 0.8 * 0.4)
+
+
+def _curve(rollouts, seconds, accuracy):
+    return {"curve": {k: np.asarray(v, float) for k, v in
+                      dict(rollouts=rollouts, seconds=seconds, accuracy=accuracy).items()}}
+
+
+def test_the_figure_plots_each_method_against_rollouts_and_seconds():
+    # Two seeds whose curves differ in rollouts and in seconds: a band on the wrong axis, or a seed
+    # extrapolated past the shorter run, gives other numbers.
+    fast = [_curve([0, 100, 200], [0, 10, 20], [0.2, 0.4, 0.5]), _curve([0, 100, 300], [0, 30, 40], [0.3, 0.3, 0.7])]
+    x, mu, sd = gain_band([c["curve"] for c in fast], "seconds", points=3)
+    np.testing.assert_allclose(x, [0, 10, 20])  # up to the smaller total, 20 s
+    np.testing.assert_allclose(mu, [0.0, (0.2 + 0.0) / 2, (0.3 + 0.0) / 2])  # seed 1 gains nothing before 30 s
+    np.testing.assert_allclose(sd, [0.0, np.std([0.2, 0.0], ddof=1), np.std([0.3, 0.0], ddof=1)])
+    x, mu, _ = gain_band([c["curve"] for c in fast], "rollouts", points=3)
+    np.testing.assert_allclose(x, [0, 100, 200])
+    np.testing.assert_allclose(mu, [0.0, 0.1, (0.3 + 0.2) / 2])
+    slow = [_curve([0, 100, 200], [0, 50, 90], [0.2, 0.3, 0.4])] * 2
+    analysis = {"per_seed": {"grpo": dict(enumerate(slow)), "sara": dict(enumerate(fast))},
+                "targets": {0: 0.5, 1: 0.5}, "metric": "eval_sampled_accuracy"}
+    fig = figure(analysis)
+    panels = [ax for ax in fig.axes if ax.get_title()]
+    assert [(ax.get_title(), ax.get_xlabel()) for ax in panels] == [
+        (t, AXES[a]) for t in ("GRPO (uniform)", "SARA (fill)") for a in AXES]
+    sara_seconds = panels[3]  # SARA's own curve, with GRPO's as the reference
+    np.testing.assert_allclose(sara_seconds.lines[-1].get_xdata()[-1], 20)
+    np.testing.assert_allclose(sara_seconds.lines[0].get_xdata()[-1], 90)
+    import matplotlib.pyplot as plt
+    plt.close(fig)
 
 
 def test_small_study_end_to_end(tmp_path, fake_verifier, monkeypatch):  # noqa: F811

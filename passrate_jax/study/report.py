@@ -4,7 +4,8 @@ Tables: per method (to-target Kaplan-Meier medians, accuracies, valid groups, ro
 every method against GRPO and against DS with 95% paired t-intervals, each claim of
 docs/design.md 2.6 with its Holm-adjusted verdict and premise probe, the premise probes per method and seed, per-seed rollouts to the target (censored runs marked), and the
 Prefix Sampling re-rollout pass rates per bucket after a warm-up. The plot: held-out accuracy gain
-against rollouts spent, mean and band over seeds, one panel per method with GRPO and DS beside it.
+against rollouts spent and against wall seconds, mean and band over seeds, two panels per method with
+GRPO and DS beside it.
 """
 
 from __future__ import annotations
@@ -57,45 +58,60 @@ def _label(m: str) -> str:
     return LABELS.get(m, m)
 
 
-def plot(analysis: dict, path: str) -> str:
-    """Held-out accuracy minus the seed's warm start against rollouts spent: per method the mean over
-    seeds with a band of one standard deviation (each seed's curve interpolated on a common grid up to
-    the smallest total any of its seeds spent); GRPO and DS drawn in every panel for reference."""
+AXES = {"rollouts": "rollouts spent", "seconds": "wall seconds (steps and their evaluations)"}
+
+
+def gain_band(curves: list[dict], axis: str, points: int = 60) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Held-out accuracy minus the warm start against ``axis`` (``rollouts`` or ``seconds``, cumulative at
+    each evaluation): the mean over seeds and one standard deviation, each seed's curve interpolated
+    linearly on a common grid up to the smallest total any seed reached (no seed extrapolated)."""
+    grid = np.linspace(0, min(c[axis][-1] for c in curves), points)
+    gains = np.array([np.interp(grid, c[axis], c["accuracy"] - c["accuracy"][0]) for c in curves])
+    return grid, gains.mean(0), gains.std(0, ddof=1) if len(gains) > 1 else np.zeros_like(grid)
+
+
+def figure(analysis: dict):
+    """Two panels per method, side by side: accuracy gain against rollouts and against wall seconds
+    (a method that saves rollouts must save seconds too); GRPO and DS drawn in every panel for reference."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    def band(m):
-        curves = [x["curve"] for x in analysis["per_seed"][m].values()]
-        grid = np.linspace(0, min(c["rollouts"][-1] for c in curves), 60)
-        gains = np.array([np.interp(grid, c["rollouts"], c["accuracy"] - c["accuracy"][0]) for c in curves])
-        return grid, gains.mean(0), gains.std(0, ddof=1) if len(gains) > 1 else np.zeros_like(grid)
-
     methods = list(analysis["per_seed"])
-    cols = 4
-    rows = -(-len(methods) // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3.1 * rows), sharey=True, squeeze=False)
-    refs = {b: band(b) for b in BASELINES if b in analysis["per_seed"]}
-    for ax, m in zip(axes.flat, methods):
-        for b, (x, mu, sd) in refs.items():
-            if b != m:
-                ax.plot(x, mu, color="0.45", ls="--" if b == "ds" else ":", lw=1.2, label=_label(b))
-        x, mu, sd = band(m)
-        ax.plot(x, mu, color="C0", lw=2, label=_label(m))
-        ax.fill_between(x, mu - sd, mu + sd, color="C0", alpha=0.25)
-        ax.set_title(_label(m), fontsize=9)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=6, loc="lower right")
-    for ax in axes.flat[len(methods):]:
+    curves = {m: [x["curve"] for x in analysis["per_seed"][m].values()] for m in methods}
+    per_row = 2  # methods a row, each with one panel per axis
+    rows = -(-len(methods) // per_row)
+    fig, axes = plt.subplots(rows, per_row * len(AXES), figsize=(4 * per_row * len(AXES), 3.1 * rows),
+                             sharey=True, squeeze=False)
+    for i, m in enumerate(methods):
+        for j, axis in enumerate(AXES):
+            ax = axes[i // per_row, (i % per_row) * len(AXES) + j]
+            for b in BASELINES:
+                if b in curves and b != m:
+                    x, mu, _ = gain_band(curves[b], axis)
+                    ax.plot(x, mu, color="0.45", ls="--" if b == "ds" else ":", lw=1.2, label=_label(b))
+            x, mu, sd = gain_band(curves[m], axis)
+            ax.plot(x, mu, color="C0", lw=2, label=_label(m))
+            ax.fill_between(x, mu - sd, mu + sd, color="C0", alpha=0.25)
+            ax.set_title(_label(m), fontsize=9)
+            ax.set_xlabel(AXES[axis], fontsize=8)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=6, loc="lower right")
+    for ax in axes.flat[len(methods) * len(AXES):]:
         ax.axis("off")
-    for ax in axes[-1]:
-        ax.set_xlabel("rollouts spent")
     for ax in axes[:, 0]:
         ax.set_ylabel("accuracy - warm start")
     seeds = sorted(analysis["targets"])
-    fig.suptitle(f"held-out {analysis['metric']} gain over each seed's warm start: mean and ± 1 sd over seeds "
-                 f"{', '.join(map(str, seeds))}", fontsize=10)
+    fig.suptitle(f"held-out {analysis['metric']} gain over each seed's warm start against rollouts and wall "
+                 f"seconds: mean and ± 1 sd over seeds {', '.join(map(str, seeds))}", fontsize=10)
     fig.tight_layout()
+    return fig
+
+
+def plot(analysis: dict, path: str) -> str:
+    """Save :func:`figure` to ``path``."""
+    import matplotlib.pyplot as plt
+    fig = figure(analysis)
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
@@ -320,7 +336,7 @@ def write_report(plan, analysis: dict, path: str, *, command: str) -> list[str]:
         if DISCUSSION_MARKER in old:
             kept = old.split(DISCUSSION_MARKER, 1)[1]
     lines = [*_setup(plan, analysis, command), *_method_table(plan, analysis),
-             f"![held-out accuracy against rollouts, bands over seeds]({os.path.basename(png)})", "",
+             f"![held-out accuracy against rollouts and against wall seconds, bands over seeds]({os.path.basename(png)})", "",
              *_claims_table(analysis), *_probe_table(plan, analysis), *_comparison_tables(plan, analysis),
              *_per_seed_table(plan, analysis), *_ps_table(plan, analysis), DISCUSSION_MARKER]
     with open(path, "w") as f:
