@@ -174,6 +174,13 @@ def test_analysis_of_synthetic_runs_with_known_answers():
     assert (c["rollouts_to_target"]["ci_lo"], c["rollouts_to_target"]["ci_hi"]) == pytest.approx((3.0, 3.0))
     assert c["steps_to_target"]["estimate_lo"] == pytest.approx(1.0)
     assert a["per_seed"]["sara"][0]["seconds_to_target"] == (10.0, True)  # 5 steps of 2 s
+    # GRPO's peak (0.7, 0.8, 0.9 by seed): SARA reaches it at step 5 and 10, never on seed 2 (censored
+    # at its 40 s); GRPO at step 10 every seed, so SARA's seconds factors are 2, 1 and at most 0.5.
+    assert [a["per_seed"]["sara"][s]["seconds_to_peak"] for s in range(3)] == [(10.0, True), (20.0, True),
+                                                                               (40.0, False)]
+    iv = a["comparisons"][("sara", "grpo")]["seconds_to_peak"]
+    assert (iv["estimate_lo"], iv["censored_seeds"]) == (0.0, 1)
+    assert iv["estimate_hi"] == pytest.approx(np.exp(np.log([2.0, 1.0, 0.5]).mean()))
     # Target-free measures: valid groups 6 vs 4 per step; rollouts per valid group 100/6 vs 100/4.
     c = a["comparisons"][("sara", "grpo")]
     assert c["valid_groups_per_step"]["estimate_lo"] == pytest.approx(1.5)
@@ -265,6 +272,7 @@ def test_small_study_end_to_end(tmp_path, fake_verifier, monkeypatch):  # noqa: 
     text = report.read_text()
     assert "| GRPO (uniform) | " in text and "| PS + SARA + DPS | " in text and "passrate-jax study --quick" in text
     assert "## Premise probes, per method and seed" in text and "Holm" in text
+    assert "| seconds to target (KM median) |" in text and "| seconds to target × | rollouts to GRPO's peak × |" in text
     # A study of some methods says which in its title, not "every allocation method".
     assert text.startswith("# Efficiency study: GRPO (uniform); DS (DAPO dynamic sampling); PS + SARA + DPS on")
     assert "Pilot-Commit" not in text.split("## Premise probes")[0].split("## The source")[1]  # only claims with runs

@@ -37,7 +37,8 @@ METRICS = ("eval_sampled_accuracy", "eval_accuracy")
 # difference in accuracy (method - baseline).
 # "peak": the first evaluation at or above the highest evaluation of the seed's GRPO run after step 0 (the
 # PS paper's "steps to the baseline's peak"; GRPO itself reaches it at its peak).
-CENSORED = ("rollouts_to_target", "steps_to_target", "seconds_to_target", "rollouts_to_peak", "steps_to_peak")
+CENSORED = ("rollouts_to_target", "steps_to_target", "seconds_to_target", "rollouts_to_peak", "steps_to_peak",
+            "seconds_to_peak")
 COSTS = ("rollouts_per_valid_group",)
 BENEFITS = ("valid_groups_per_step",)
 DIFFERENCES = ("final_accuracy", "mean_accuracy")
@@ -107,6 +108,7 @@ def seed_measures(records: list[dict], metric: str, target: float, ps_warmup: in
         "seconds_to_target": first_reach(c["seconds"], c["accuracy"], target),
         "rollouts_to_peak": first_reach(c["rollouts"], c["accuracy"], peak),
         "steps_to_peak": first_reach(c["step"], c["accuracy"], peak),
+        "seconds_to_peak": first_reach(c["seconds"], c["accuracy"], peak),
         "start_accuracy": float(c["accuracy"][0]),
         "final_accuracy": float(c["accuracy"][-1]),
         "valid_groups_per_step": _mean([r.get("valid_groups") for r in steps]),

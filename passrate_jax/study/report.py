@@ -16,7 +16,7 @@ import os
 
 import numpy as np
 
-from passrate_jax.study.analysis import PLATEAU_EVALS
+from passrate_jax.study.analysis import CENSORED, PLATEAU_EVALS
 from passrate_jax.study.methods import BASELINES, DEFAULT_METHODS, METHODS
 from passrate_jax.study.stats import LEVEL
 
@@ -166,14 +166,16 @@ def _setup(plan, analysis, command) -> list[str]:
 def _method_table(plan, analysis) -> list[str]:
     ms = analysis["methods"]
     lines = ["## Per method", "",
-             "| method | reached | rollouts to target (KM median) | steps to target (KM median) | steps to GRPO's "
-             "peak (KM median) | final accuracy | mean accuracy over H | valid groups / step | rollouts / valid "
-             "group | useful-rollout fraction | rollouts total | wall s |", "| --- |" + " --- |" * 11]
+             "| method | reached | rollouts to target (KM median) | steps to target (KM median) | seconds to "
+             "target (KM median) | steps to GRPO's peak (KM median) | final accuracy | mean accuracy over H | "
+             "valid groups / step | rollouts / valid group | useful-rollout fraction | rollouts total | wall s |",
+             "| --- |" + " --- |" * 12]
     for m in [m for m in plan.methods if m in ms]:
         s = ms[m]
         lines.append(
             f"| {_label(m)} | {s['rollouts_to_target']['reached']}/{len(s['seeds'])} | "
-            f"{_median(s['rollouts_to_target'])} | {_median(s['steps_to_target'])} | {_median(s['steps_to_peak'])} | "
+            f"{_median(s['rollouts_to_target'])} | {_median(s['steps_to_target'])} | "
+            f"{_median(s['seconds_to_target'])} | {_median(s['steps_to_peak'])} | "
             f"{_spread(s['final_accuracy'], 3)} | {_spread(s['mean_accuracy'], 3)} | "
             f"{_spread(s['valid_groups_per_step'], 1)} | {_spread(s['rollouts_per_valid_group'], 1)} | "
             f"{_spread(s['useful_fraction'], 3)} | {_spread(s['rollouts_total'])} | {_spread(s['wall_seconds'])} |")
@@ -187,13 +189,13 @@ def _comparison_tables(plan, analysis) -> list[str]:
         if not rows:
             continue
         lines += [f"## Against {_label(b)} (paired over seeds)", "",
-                  "| method | rollouts to target × | steps to target × | steps to GRPO's peak × | rollouts / valid "
-                  "group × | valid groups / step × | final accuracy − | mean accuracy over H − |",
-                  "| --- |" + " --- |" * 7]
+                  "| method | rollouts to target × | steps to target × | seconds to target × | rollouts to GRPO's "
+                  "peak × | steps to GRPO's peak × | seconds to GRPO's peak × | rollouts / valid group × | valid "
+                  "groups / step × | final accuracy − | mean accuracy over H − |",
+                  "| --- |" + " --- |" * 10]
         for m in rows:
             c = analysis["comparisons"][(m, b)]
-            cells = [fmt_interval(c[k], 2) for k in ("rollouts_to_target", "steps_to_target", "steps_to_peak",
-                                                     "rollouts_per_valid_group", "valid_groups_per_step")]
+            cells = [fmt_interval(c[k], 2) for k in (*CENSORED, "rollouts_per_valid_group", "valid_groups_per_step")]
             cells += [fmt_interval(c[k], 3) for k in ("final_accuracy", "mean_accuracy")]
             lines.append(f"| {_label(m)} | " + " | ".join(cells) + " |")
         lines.append("")
