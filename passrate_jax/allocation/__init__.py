@@ -11,7 +11,7 @@ Pure, jit-compatible pieces (optax-style state + functions) and one host-driven 
 
 from passrate_jax.allocation.allocator import Allocator
 from passrate_jax.allocation.protocol import (AllocatorState, Prefix, Request, Result, StepResult, TrainGroup,
-                                              evicted_now, state_from_dict, state_to_dict)
+                                              state_from_dict, state_to_dict)
 from passrate_jax.allocation.beta_binomial import log_run_probability, validity_probability
 from passrate_jax.allocation.group_queue import (GroupQueue, pilot_priority, queue_expire, queue_init, queue_push,
                                                  queue_take)
@@ -27,7 +27,7 @@ from passrate_jax.allocation.selection import (SelectionState, dps_mixed_probabi
                                                selection_update)
 
 __all__ = [
-    "Allocator", "AllocatorState", "evicted_now", "Prefix", "Request", "Result", "StepResult", "TrainGroup",
+    "Allocator", "AllocatorState", "Prefix", "Request", "Result", "StepResult", "TrainGroup",
     "state_from_dict", "state_to_dict", "log_run_probability", "validity_probability", "GroupQueue",
     "pilot_priority", "queue_expire", "queue_init", "queue_push", "queue_take", "filter_survival",
     "reward_entropy", "rloo_advantage_energy", "success_failure_pairs", "EVICT", "KEEP", "SKIP",

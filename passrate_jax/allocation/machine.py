@@ -31,7 +31,6 @@ import jax.numpy as jnp
 from passrate_jax.allocation.group_queue import queue_expire, queue_init
 from passrate_jax.allocation.policies import Knobs, Setup, budget_left, toward_b, trained_toward_b
 from passrate_jax.allocation.prefix_control import prefix_control_update
-from passrate_jax.allocation.protocol import evicted_now
 from passrate_jax.allocation.selection import selection_update
 from passrate_jax.allocation.table import (DROPPED, REJECTED, TRAINED, StepTable, close_rows, draw_thompson, observed,
                                            open_fresh, pending, shuffle_available, successes, table_init)
@@ -42,7 +41,7 @@ def begin_step(setup: Setup, knobs: Knobs, state):
     Sampling's re-rollout groups are opened (requested in the first round), or, same-step, granted."""
     rng, step_rng = jax.random.split(state.key)
     state = state.replace(key=rng)
-    t = table_init(setup.capacity, setup.N, setup.num_buckets, state.next_group_key, evicted_now(state), step_rng)
+    t = table_init(setup.capacity, setup.N, setup.num_buckets, state.next_group_key, state.evicted_now, step_rng)
     t = draw_thompson(t, state.selection, knobs.selection)
     state, t = setup.policy.begin(setup, knobs, state, t)  # ideal DS: last step's surplus, carried
     t = _complete(setup, knobs, t, pending(t) & t.carried)
@@ -211,7 +210,7 @@ def _evicted_until(setup: Setup, state, evicted):
     evicted this step returns ``evict_steps`` steps after the next (0: never, the released code's rule)."""
     steps = setup.cfg.pilot_commit.evict_steps
     until = state.step + 1 + steps if steps else jnp.iinfo(jnp.int32).max
-    return jnp.where(evicted & ~evicted_now(state), until, state.evicted_until).astype(jnp.int32)
+    return jnp.where(evicted & ~state.evicted_now, until, state.evicted_until).astype(jnp.int32)
 
 
 def step_carry(state):

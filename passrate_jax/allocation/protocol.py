@@ -102,10 +102,10 @@ class AllocatorState:
     replay_queue: GroupQueue
     prefix_control: PrefixControlState
 
-
-def evicted_now(state: AllocatorState) -> jax.Array:
-    """bool [P]: the prompts Pilot-Commit's eviction keeps out of the pool at ``state.step``."""
-    return state.evicted_until > state.step
+    @property
+    def evicted_now(self) -> jax.Array:
+        """bool [P]: the prompts Pilot-Commit's eviction keeps out of the pool at ``step``."""
+        return self.evicted_until > self.step
 
 
 def state_to_dict(state: AllocatorState) -> dict[str, np.ndarray]:

@@ -17,7 +17,7 @@ from typing import Protocol
 
 import numpy as np
 
-from passrate_jax.allocation import Allocator, AllocatorState, Request, StepResult, evicted_now
+from passrate_jax.allocation import Allocator, AllocatorState, Request, StepResult
 from passrate_jax.allocation.prefix_control import bucket_successes
 from passrate_jax.rollout.store import TrajectoryStore
 from passrate_jax.rollout.table import RolloutTable
@@ -166,7 +166,7 @@ def rollout_metrics(allocator: Allocator, rollouts: StepRollouts, backend: Rollo
 
 def _evicted_total(state) -> int:
     """Prompts out of the next step's pool by Pilot-Commit's eviction (0 for a state without eviction)."""
-    return int(np.sum(np.asarray(evicted_now(state)))) if hasattr(state, "evicted_until") else 0
+    return int(np.sum(np.asarray(state.evicted_now))) if hasattr(state, "evicted_until") else 0
 
 
 def _replay_histograms(rollouts: StepRollouts, n: int) -> dict:

@@ -36,7 +36,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from passrate_jax.allocation.allocator import Allocator, init_state, make_setup
-from passrate_jax.allocation.protocol import evicted_now
 from passrate_jax.allocation.config import AllocationConfig, PrefixSamplingConfig
 from passrate_jax.allocation.policies import Knobs
 from passrate_jax.allocation.table import ABANDONED, successes
@@ -226,7 +225,7 @@ def simulation(setup, world: World):
             return state, {**_step_metrics(table, state, rates, lengths_of(table, table.rewards)), **counters}
 
         state, metrics = jax.lax.scan(body, state, jnp.arange(world.steps))
-        return {**metrics, "evicted": jnp.sum(evicted_now(state))}
+        return {**metrics, "evicted": jnp.sum(state.evicted_now)}
     return run
 
 
