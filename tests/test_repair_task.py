@@ -32,6 +32,7 @@ def _problems(n=400, weights=(1, 1, 1, 1)):
     (EXAMPLE.replace("redo 5+6+1=12", "redo 6+5+1=12"), "redo of other terms or still false"),
     ("7+8=15\nredo 7+8=15\n5+6+1=12\n4+1+1=6\n=> 625", "redo of a true line"),
     ("redo 7+8=15\n5+6+1=12\n4+1+1=6\n=> 625", "malformed line"),                      # nothing before it
+    ("7+8=15\nredo 7+8 = 15\n5+6+1=12\n4+1+1=6\n=> 625", "malformed line"),             # a redo, malformed
     ("7+8=15\n5+6+1=12\n4 +1+1=6\n=> 625", "malformed line"),
     ("7+8=15\n5+6=11\n4+1=5\n=> 515", "true lines, wrong answer"),                     # the carry dropped
     ("7+8=15\n5+6+1=12\n=> 625", "true lines, wrong answer"),                           # a column missing

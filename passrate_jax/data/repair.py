@@ -93,7 +93,9 @@ def fault(problem, response: str) -> str | None:
     while i < len(lines) - 1:
         m = _COLUMN.fullmatch(lines[i])
         if m is None:
-            return FAULTS[4] if lines[i].startswith(REDO) and kept else FAULTS[0]
+            # A well-formed redo after a true line redoes that line; any other unparsable line is malformed.
+            redo_of_kept = lines[i].startswith(REDO) and kept and _COLUMN.fullmatch(lines[i][len(REDO):])
+            return FAULTS[4] if redo_of_kept else FAULTS[0]
         off = _off_by(m)
         if off == 0:
             kept.append(lines[i])
