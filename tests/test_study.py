@@ -284,3 +284,32 @@ def test_small_study_end_to_end(tmp_path, fake_verifier, monkeypatch):  # noqa: 
     before = metrics.stat().st_mtime_ns
     run_study(plan, progress=False)
     assert metrics.stat().st_mtime_ns == before
+
+
+def test_study_workers_exit_when_the_study_process_is_killed(tmp_path):
+    # A study process that holds a worker busy (a 60 s sleep standing for a run) is killed with SIGKILL;
+    # its worker must exit too, not train on as an orphan (it did, before the watchdog: 60 s).
+    import signal
+    import subprocess
+    import sys
+    import time
+    script = ("import os, sys, time\nfrom passrate_jax.study.runner import worker_pool\n"
+              "pool = worker_pool(1)\nprint(pool.submit(os.getpid).result(), flush=True)\n"
+              "pool.submit(time.sleep, 60)\ntime.sleep(60)\n")
+    study = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    worker = int(study.stdout.readline())
+    os.kill(study.pid, signal.SIGKILL)
+    study.wait()
+
+    def alive(pid):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().split(") ")[1][0] != "Z"  # a zombie has exited
+        except FileNotFoundError:
+            return False
+    deadline = time.monotonic() + 20
+    while alive(worker) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if alive(worker):
+        os.kill(worker, signal.SIGKILL)
+        pytest.fail(f"worker {worker} outlived its study process by 20 s")

@@ -18,6 +18,7 @@ import dataclasses
 import json
 import os
 import platform
+import threading
 import time
 
 import jax
@@ -180,13 +181,32 @@ def run_study(plan: StudyPlan, *, progress: bool = True, target_fraction: float 
     return analysis
 
 
-def _run_parallel(jobs: int, pending: list, keys: dict, starts: dict, launch, finished) -> None:
-    """Keep ``jobs`` worker processes busy until every pending run is trained. Worker processes are
-    spawned (not forked: the parent has imported JAX); a run that fails stops the study with its name."""
+def _exit_with_parent(parent: int) -> None:
+    """Worker initializer: a daemon thread ends the worker once the study process is gone. Killed with
+    SIGTERM or SIGKILL (a scheduler, ``kill``), the study's workers get no signal and would train their
+    run to its end, orphaned, while a resumed study trains the same run in the same directory."""
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def worker_pool(jobs: int):
+    """``jobs`` spawned worker processes (not forked: the parent has imported JAX) that exit with the
+    process that made them (:func:`_exit_with_parent`)."""
     import concurrent.futures as cf
     import multiprocessing
+    return cf.ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
+                                  initializer=_exit_with_parent, initargs=(os.getpid(),))
 
-    with cf.ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+
+def _run_parallel(jobs: int, pending: list, keys: dict, starts: dict, launch, finished) -> None:
+    """Keep ``jobs`` worker processes busy until every pending run is trained (:func:`worker_pool`); a run
+    that fails stops the study with its name."""
+    import concurrent.futures as cf
+
+    with worker_pool(jobs) as pool:
         running = {}  # future -> job
         while pending or running:
             while len(running) < jobs:
