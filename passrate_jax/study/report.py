@@ -83,12 +83,12 @@ def figure(analysis: dict):
     rows = -(-len(methods) // per_row)
     fig, axes = plt.subplots(rows, per_row * len(AXES), figsize=(4 * per_row * len(AXES), 3.1 * rows),
                              sharey=True, squeeze=False)
+    refs = {axis: {b: gain_band(curves[b], axis) for b in BASELINES if b in curves} for axis in AXES}
     for i, m in enumerate(methods):
         for j, axis in enumerate(AXES):
             ax = axes[i // per_row, (i % per_row) * len(AXES) + j]
-            for b in BASELINES:
-                if b in curves and b != m:
-                    x, mu, _ = gain_band(curves[b], axis)
+            for b, (x, mu, _) in refs[axis].items():
+                if b != m:
                     ax.plot(x, mu, color="0.45", ls="--" if b == "ds" else ":", lw=1.2, label=_label(b))
             x, mu, sd = gain_band(curves[m], axis)
             ax.plot(x, mu, color="C0", lw=2, label=_label(m))
