@@ -25,7 +25,11 @@ ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / ".cache"
 # Compile times of the suite's small programs are 0.1-1 s on 2 cores; JAX's default (1 s) cached almost
 # none of them. A size cap turns on JAX's file lock, so two xdist workers write the cache safely.
+# Most of the suite's time is XLA compiling small programs once each; LLVM's optimisation passes are about
+# half of that and buy nothing on test-sized arrays (tests/test_allocation_allocator.py: 219 s -> 120 s on a
+# cold cache). The shipped default runs as shipped, optimised (SHIPPED_ENV below).
 SUITE_ENV = {"JAX_COMPILATION_CACHE_DIR": str(CACHE / "jax"),
+             "JAX_DISABLE_MOST_OPTIMIZATIONS": "1",
              "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0.1",
              "JAX_COMPILATION_CACHE_MAX_SIZE": str(8 * 2**30),
              "PASSRATE_JAX_CACHE": str(CACHE / "passrate-jax")}
@@ -94,6 +98,23 @@ class GroupScheduling(LoadScopeScheduling):
                     self.workqueue.move_to_end(scope, last=False)
             self._slowest_moved_first = True
         super()._assign_work_unit(node)
+
+
+def shipped_env(**extra) -> dict:
+    """This process's environment for a command run as a user runs it: XLA's optimisations on, CPU only."""
+    env = {k: v for k, v in os.environ.items() if k != "JAX_DISABLE_MOST_OPTIMIZATIONS"}
+    return {**env, "JAX_PLATFORMS": "cpu", **extra}
+
+
+@pytest.fixture
+def optimised():
+    """XLA's optimisations on in this process for one test: its programs are then the ones a user's
+    command compiles, and its numbers equal a shipped run's bit for bit."""
+    jax.config.update("jax_disable_most_optimizations", False)
+    jax.clear_caches()  # a program compiled unoptimised earlier in this process is not reused
+    yield
+    jax.config.update("jax_disable_most_optimizations", os.environ.get("JAX_DISABLE_MOST_OPTIMIZATIONS") == "1")
+    jax.clear_caches()
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -274,7 +295,7 @@ def shipped_default_run(tmp_path_factory) -> ShippedRun:
     run_dir = tmp_path_factory.mktemp("shipped") / "default"
     cmd = [sys.executable, "-m", "passrate_jax.cli.main", "train", "--config", "configs/default.yaml",
            "--run-dir", str(run_dir), "--no-progress"]
-    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
+    env = shipped_env(PYTHONPATH=str(ROOT))
     checkpoint, record = SHIPPED_KILL_AFTER
     with open(run_dir.parent / "killed.log", "w") as log:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)

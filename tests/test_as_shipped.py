@@ -22,7 +22,7 @@ from passrate_jax.run.config import load_config
 from passrate_jax.run.metrics import read_jsonl
 from passrate_jax.run.sft import cache_path
 from passrate_jax.run.train import train
-from tests.conftest import SHIPPED_KILL_AFTER
+from tests.conftest import SHIPPED_KILL_AFTER, shipped_env
 from tests.test_train_e2e import TINY, _comparable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -67,7 +67,7 @@ def test_warm_started_run_killed_with_sigkill_resumes_exactly(shipped_default_ru
     assert _comparable([killed[s] for s in range(recorded + 1)]) == _comparable([again[s] for s in range(recorded + 1)])
 
 
-def test_eval_run_dir_reproduces_the_runs_evaluations(shipped_default_run, capsys):
+def test_eval_run_dir_reproduces_the_runs_evaluations(shipped_default_run, capsys, optimised):
     """``passrate-jax eval --run-dir DIR --vs-warm-start --num-samples 4`` (the README's paired measurement)
     with the task verifier: the checkpoint's greedy and sampled accuracy are the run's step-25 evaluation,
     the cached warm start's are its step-0 evaluation, and the paired sampled difference is the claim."""
@@ -150,8 +150,8 @@ def fresh_venv_with_the_project(root) -> str:
 
 def _outside(**extra) -> dict:
     """This process's environment (the suite's caches included) without the checkout on PYTHONPATH."""
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PASSRATE_JAX_DEBUG")}
-    return {**env, "JAX_PLATFORMS": "cpu", **extra}
+    env = {k: v for k, v in shipped_env().items() if k not in ("PYTHONPATH", "PASSRATE_JAX_DEBUG")}
+    return {**env, **extra}
 
 
 def test_a_fresh_venv_with_a_non_editable_install_trains_the_default_preset(shipped_default_run, tmp_path):
