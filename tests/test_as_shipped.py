@@ -5,7 +5,7 @@ tests/conftest.py: the full 800-step warm start, 25 GRPO steps, the worked-arith
 verifier), killed with SIGKILL between two checkpoints and resumed, serves three tests: the README's
 headline claim, the exact resume of a warm-started run, and ``passrate-jax eval --run-dir`` on it; its
 cached warm start serves a fourth, the default preset trained by a non-editable install in a fresh
-virtual environment. A fifth runs ``passrate-jax study --quick``'s pipeline to a report, in worker processes.
+virtual environment. (``passrate-jax study`` as a user runs it: tests/test_study_command.py.)
 """
 
 import json
@@ -21,9 +21,8 @@ from passrate_jax.cli.main import main
 from passrate_jax.run.config import load_config
 from passrate_jax.run.metrics import read_jsonl
 from passrate_jax.run.sft import cache_path
-from passrate_jax.run.train import train
 from tests.conftest import SHIPPED_KILL_AFTER, shipped_env
-from tests.test_train_e2e import TINY, _comparable
+from tests.test_train_e2e import _comparable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -86,40 +85,6 @@ def test_eval_run_dir_reproduces_the_runs_evaluations(shipped_default_run, capsy
     diff = start["difference"]
     assert diff["sampled_accuracy"] == pytest.approx(last["eval_sampled_accuracy"] - first["eval_sampled_accuracy"])
     assert diff["sampled_accuracy"] >= 0.10 and 0 < diff["sampled_accuracy_se"] < 0.015
-
-
-HASH_REWARD = '''
-import hashlib
-
-def score(prompt, response, reference, **_):
-    """1 for about half of all responses, decided by the text alone (the same in every process)."""
-    return float(hashlib.blake2b(f"{prompt}|{response}".encode(), digest_size=1).digest()[0] % 2)
-'''
-
-
-def test_study_command_runs_in_worker_processes_and_reports(tmp_path, capsys):
-    """``passrate-jax study --quick`` with two worker processes (``--jobs 2``), on the tiny model with a
-    reward plugin (worker processes do not see a monkeypatch): it exits 0, writes its report naming the
-    methods, and each run equals the same run trained alone in this process."""
-    plugin = tmp_path / "hash_reward.py"
-    plugin.write_text(HASH_REWARD)
-    # The tiny model on the study's default base preset (configs/default.yaml): its level weights do not apply to level 1.
-    tiny = TINY + ["data.level_weights=[]", "steps=2", "eval_every=2", f"data.reward_fn={plugin}:score",
-                   "data.verify_workers=1"]
-    out = tmp_path / "study"
-    command = ["study", "--quick", "--methods", "grpo", "sara", "--seeds", "0", "1", "--out", str(out), "--no-progress"]
-    assert main([*command, "--jobs", "0", *tiny]) == 2 and "--jobs 0" in capsys.readouterr().err
-    assert main([*command, "--jobs", "2", *tiny]) == 0
-    assert "study of 2 methods x 2 seeds" in capsys.readouterr().out
-    report = (out / "results.md").read_text()
-    assert "| GRPO (uniform) | " in report and "| SARA (fill) | " in report
-    from passrate_jax.study.runner import make_plan
-    plan = make_plan("configs/default.yaml", ["grpo", "sara"], [0, 1], tiny, str(out), quick=True)
-    train(load_config("configs/default.yaml", plan.config_overrides("sara", 1)), str(tmp_path / "alone"),
-          progress=False, log=lambda *a: None)
-    alone = _comparable(read_jsonl(tmp_path / "alone" / "metrics.jsonl"))
-    assert [r["step"] for r in alone] == [0, 1, 2] and any(r.get("groups_trained", 0) > 0 for r in alone)
-    assert _comparable(read_jsonl(os.path.join(plan.run_dir("sara", 1), "metrics.jsonl"))) == alone
 
 
 def fresh_venv_with_the_project(root) -> str:

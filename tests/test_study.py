@@ -284,6 +284,18 @@ def test_small_study_end_to_end(tmp_path, fake_verifier, monkeypatch):  # noqa: 
     before = metrics.stat().st_mtime_ns
     run_study(plan, progress=False)
     assert metrics.stat().st_mtime_ns == before
+    # --report-only with a seed whose GRPO run stopped midway and whose DS run never started: nothing is
+    # trained, both are left out (a partial run's evaluations are not the run's) and listed.
+    wider = make_plan(None, ["grpo", "ds"], [0, 1, 2], tiny, str(tmp_path / "study"), quick=True)
+    os.makedirs(wider.run_dir("grpo", 2))
+    with open(os.path.join(wider.run_dir("grpo", 2), "metrics.jsonl"), "w") as f:
+        f.writelines(open(metrics).readlines()[:3])
+    partial = run_study(wider, progress=False, train=False)
+    assert partial["not_trained"] == [("grpo", 2), ("ds", 2)] and not os.path.exists(wider.run_dir("ds", 2))
+    assert partial["methods"]["ds"]["seeds"] == [0, 1] and sorted(partial["targets"]) == [0, 1]
+    write_report(wider, partial, str(report), command="passrate-jax study --report-only")
+    assert "**Runs left out** (written with `--report-only`; these had not finished): GRPO (uniform) seed(s) 2; " \
+           "DS (DAPO dynamic sampling) seed(s) 2." in report.read_text()
 
 
 def test_study_workers_exit_when_the_study_process_is_killed(tmp_path):

@@ -160,6 +160,13 @@ def _setup(plan, analysis, command) -> list[str]:
         lines += [f"**Warning**: GRPO did not improve on the warm start with seed(s) "
                   f"{', '.join(map(str, analysis['no_gain_seeds']))}, so their target is not above the warm start and "
                   "every run reaches it at its first evaluation: the to-target measures say nothing for them.", ""]
+    if analysis.get("not_trained"):
+        missing: dict[str, list[int]] = {}
+        for m, s in analysis["not_trained"]:
+            missing.setdefault(m, []).append(s)
+        lines += ["**Runs left out** (written with `--report-only`; these had not finished): "
+                  + "; ".join(f"{_label(m)} seed(s) {', '.join(map(str, s))}" for m, s in missing.items())
+                  + ". Each comparison pairs only the seeds both of its methods have.", ""]
     return lines
 
 

@@ -122,9 +122,11 @@ def _next_job(pending: list, keys: dict, starts: dict, running: set):
 
 
 def run_study(plan: StudyPlan, *, progress: bool = True, target_fraction: float = 0.8,
-              metric: str | None = None, jobs: int = 1) -> dict:
+              metric: str | None = None, jobs: int = 1, train: bool = True) -> dict:
     """Train every (method, seed) not yet finished (a run stopped midway resumes from its checkpoint),
-    then return the analysis of all of them (:func:`passrate_jax.study.analysis.analyse`).
+    then return the analysis of all of them (:func:`passrate_jax.study.analysis.analyse`). With ``train``
+    false nothing is trained: the analysis covers the finished runs, and ``analysis["not_trained"]`` lists
+    the (method, seed) pairs left out (a study still running, or one given more seeds for some methods).
 
     ``jobs`` > 1 trains that many runs at once, each in its own process, for CPU machines with cores to
     spare (one run keeps a 2-core CPU busy much of the time: --jobs 2 there gains little). Every run is
@@ -165,16 +167,13 @@ def run_study(plan: StudyPlan, *, progress: bool = True, target_fraction: float 
         if bar is not None:
             bar.update(1)
 
-    if jobs == 1:  # in this process
-        while pending:
-            job = pending[0]
-            launch(lambda fn, *args: fn(*args), job)
-            finished(job)
-    else:
-        _run_parallel(jobs, pending, keys, starts, launch, finished)
+    not_trained = [] if train else list(pending)
+    if train:
+        _train_pending(jobs, pending, keys, starts, launch, finished)
     if bar is not None:
         bar.close()
-    analysis = analyse(load_runs(plan), target_fraction=target_fraction, metric=metric)
+    analysis = analyse(load_runs(plan, leave_out=not_trained), target_fraction=target_fraction, metric=metric)
+    analysis["not_trained"] = not_trained
     analysis["study_seconds"] = time.perf_counter() - t0
     analysis["machine"] = f"{platform.platform()}, {os.cpu_count()} CPU cores, jax {jax.__version__} " \
                           f"on {jax.default_backend()}"
@@ -199,6 +198,17 @@ def worker_pool(jobs: int):
     import multiprocessing
     return cf.ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
                                   initializer=_exit_with_parent, initargs=(os.getpid(),))
+
+
+def _train_pending(jobs: int, pending: list, keys: dict, starts: dict, launch, finished) -> None:
+    """Train the pending runs: one after another in this process, or in ``jobs`` worker processes."""
+    if jobs == 1:
+        while pending:
+            job = pending[0]
+            launch(lambda fn, *args: fn(*args), job)
+            finished(job)
+    elif pending:
+        _run_parallel(jobs, pending, keys, starts, launch, finished)
 
 
 def _run_parallel(jobs: int, pending: list, keys: dict, starts: dict, launch, finished) -> None:
@@ -244,6 +254,8 @@ def add_subparser(subparsers) -> None:
     p.add_argument("--jobs", type=int, default=1,
                    help="runs trained at once, each in its own process (default 1; for CPU machines with cores to "
                         "spare, a run keeps up to about two busy; on one GPU or TPU keep 1)")
+    p.add_argument("--report-only", action="store_true",
+                   help="train nothing: report the runs of OUT that have finished and list those left out")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("overrides", nargs="*", metavar="key.sub=value", help="applied to every run")
     p.set_defaults(func=run)
@@ -259,7 +271,7 @@ def run(args) -> int:
         raise ConfigError(f"--target-fraction {args.target_fraction}: must be in (0, 1]")
     plan = make_plan(args.config, args.methods, seeds, args.overrides, out, args.quick)
     analysis = run_study(plan, progress=not args.no_progress, target_fraction=args.target_fraction,
-                         metric=args.metric, jobs=args.jobs)
+                         metric=args.metric, jobs=args.jobs, train=not args.report_only)
     report = args.report or os.path.join(out, "results.md")
     command = "passrate-jax " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     paths = write_report(plan, analysis, report, command=command)
