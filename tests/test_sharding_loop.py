@@ -48,6 +48,7 @@ import numpy as np
 import pytest
 
 from passrate_jax.run.train import NONDETERMINISTIC_METRICS
+from tests.conftest import shipped_env
 
 # configs/default.yaml cut down to level 1 and a 200-step warm start, so that a short run gets some answers
 # right; level 1's worked answers are at most 23 characters, so the arithmetic format's shorter buffers fit
@@ -67,8 +68,9 @@ MIN_STEPS_COMPARED = 2
 
 def _trace(tmp_path, name, devices, overrides, meshes=()):
     """Run tests/loop_trace.py in a fresh interpreter (the fake device count is fixed when jax starts)."""
-    env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu",
-               XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+    # Optimised as a user's run is: these runs train (a 200-step warm start, 3 steps on 8 devices) more than
+    # they compile, and unoptimised they took 40% longer (tests/conftest.py, SUITE_ENV).
+    env = shipped_env(PYTHONPATH=ROOT, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
     out = tmp_path / f"{name}.json"
     mesh_args = [a for m in meshes for a in ("--mesh", m)]
     proc = subprocess.run([sys.executable, "-m", "tests.loop_trace", str(out), str(tmp_path / name),
