@@ -49,6 +49,10 @@ def test_bad_study_requests_fail_before_compute(tmp_path):
         make_plan(None, ["sara"], [0], [], str(tmp_path), quick=True)
     with pytest.raises(ConfigError, match="allocation.num_prompt"):
         make_plan(None, ["grpo"], [0], ["allocation.num_prompt=3"], str(tmp_path), quick=True)
+    with pytest.raises(ConfigError, match="--headline-seeds 1 0: need distinct non-negative seeds that are not"):
+        make_plan(None, ["grpo"], [0], [], str(tmp_path), quick=True, headline_seeds=[1, 0])
+    with pytest.raises(ConfigError, match="--headline-methods ds: need grpo"):
+        make_plan(None, ["grpo", "ds"], [0], [], str(tmp_path), quick=True, headline_seeds=[1], headline=["ds"])
 
 
 def test_study_command_defaults_and_errors(tmp_path, capsys):
@@ -286,7 +290,9 @@ def test_small_study_end_to_end(tmp_path, fake_verifier, monkeypatch):  # noqa: 
     assert metrics.stat().st_mtime_ns == before
     # --report-only with a seed whose GRPO run stopped midway and whose DS run never started: nothing is
     # trained, both are left out (a partial run's evaluations are not the run's) and listed.
-    wider = make_plan(None, ["grpo", "ds"], [0, 1, 2], tiny, str(tmp_path / "study"), quick=True)
+    wider = make_plan(None, plan.methods, [0, 1], tiny, str(tmp_path / "study"), quick=True, headline_seeds=[2],
+                      headline=("grpo", "ds"))
+    assert wider.jobs() == [*plan.jobs(), ("grpo", 2), ("ds", 2)]  # headline seeds: headline methods only
     os.makedirs(wider.run_dir("grpo", 2))
     with open(os.path.join(wider.run_dir("grpo", 2), "metrics.jsonl"), "w") as f:
         f.writelines(open(metrics).readlines()[:3])
@@ -294,6 +300,7 @@ def test_small_study_end_to_end(tmp_path, fake_verifier, monkeypatch):  # noqa: 
     assert partial["not_trained"] == [("grpo", 2), ("ds", 2)] and not os.path.exists(wider.run_dir("ds", 2))
     assert partial["methods"]["ds"]["seeds"] == [0, 1] and sorted(partial["targets"]) == [0, 1]
     write_report(wider, partial, str(report), command="passrate-jax study --report-only")
+    assert "**Headline seeds**: GRPO (uniform), DS (DAPO dynamic sampling) also ran seed(s) 2" in report.read_text()
     assert "**Runs left out** (written with `--report-only`; these had not finished): GRPO (uniform) seed(s) 2; " \
            "DS (DAPO dynamic sampling) seed(s) 2." in report.read_text()
 

@@ -48,13 +48,10 @@ COMPARED = (*CENSORED, *COSTS, *BENEFITS, *DIFFERENCES)
 def load_runs(plan, leave_out=()) -> dict[str, dict[int, list[dict]]]:
     """Metrics records of every (method, seed) run of ``plan`` that has any, but those in ``leave_out``."""
     runs: dict[str, dict[int, list[dict]]] = {}
-    for m in plan.methods:
-        for s in plan.seeds:
-            if (m, s) in leave_out:
-                continue
-            path = os.path.join(plan.run_dir(m, s), "metrics.jsonl")
-            if os.path.exists(path):
-                runs.setdefault(m, {})[s] = read_jsonl(path)
+    for m, s in plan.jobs():
+        path = os.path.join(plan.run_dir(m, s), "metrics.jsonl")
+        if (m, s) not in leave_out and os.path.exists(path):
+            runs.setdefault(m, {})[s] = read_jsonl(path)
     return runs
 
 

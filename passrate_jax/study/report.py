@@ -160,6 +160,12 @@ def _setup(plan, analysis, command) -> list[str]:
         lines += [f"**Warning**: GRPO did not improve on the warm start with seed(s) "
                   f"{', '.join(map(str, analysis['no_gain_seeds']))}, so their target is not above the warm start and "
                   "every run reaches it at its first evaluation: the to-target measures say nothing for them.", ""]
+    if plan.headline_seeds:
+        heads = [m for m in plan.methods if m in plan.headline]
+        lines += [f"**Headline seeds**: {', '.join(_label(m) for m in heads)} also ran seed(s) "
+                  f"{', '.join(map(str, plan.headline_seeds))} (`--headline-seeds`): a comparison between two of "
+                  f"them pairs {len(plan.seeds) + len(plan.headline_seeds)} seeds, any other "
+                  f"{len(plan.seeds)}.", ""]
     if analysis.get("not_trained"):
         missing: dict[str, list[int]] = {}
         for m, s in analysis["not_trained"]:

@@ -28,7 +28,7 @@ from passrate_jax.run.config import load_config
 from passrate_jax.run.metrics import read_jsonl
 from passrate_jax.run.train import train
 from passrate_jax.study.analysis import analyse, load_runs
-from passrate_jax.study.methods import DEFAULT_METHODS, METHODS, NEUTRAL, PS_INVESTIGATION
+from passrate_jax.study.methods import DEFAULT_METHODS, HEADLINE_METHODS, METHODS, NEUTRAL, PS_INVESTIGATION
 from passrate_jax.study.report import write_report
 
 DEFAULT_SEEDS = (0, 1, 2, 3, 4)
@@ -52,6 +52,13 @@ class StudyPlan:
     overrides: tuple[str, ...]
     out_dir: str
     quick: bool
+    headline_seeds: tuple[int, ...] = ()  # seeds run only by the methods of ``headline``
+    headline: tuple[str, ...] = ()
+
+    def jobs(self) -> list[tuple[str, int]]:
+        """Every (method, seed) of the study, seed-major (a study stopped midway is paired)."""
+        return [(m, s) for s in self.seeds for m in self.methods] + [
+            (m, s) for s in self.headline_seeds for m in self.methods if m in self.headline]
 
     def run_dir(self, method: str, seed: int) -> str:
         return os.path.join(self.out_dir, "runs", method, f"seed{seed}")
@@ -61,7 +68,8 @@ class StudyPlan:
                 "logging.progress_bar=false", "logging.tensorboard=false", *self.overrides]
 
 
-def make_plan(base_config: str, methods, seeds, overrides, out_dir: str, quick: bool) -> StudyPlan:
+def make_plan(base_config: str, methods, seeds, overrides, out_dir: str, quick: bool, headline_seeds=(),
+              headline=HEADLINE_METHODS) -> StudyPlan:
     """Validate the request (every config is built here, before any compute)."""
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
@@ -70,10 +78,20 @@ def make_plan(base_config: str, methods, seeds, overrides, out_dir: str, quick: 
         raise ConfigError(f"--methods {' '.join(methods)}: the study needs grpo, the baseline that sets the target")
     if len(set(seeds)) != len(seeds) or any(s < 0 for s in seeds):
         raise ConfigError(f"--seeds {' '.join(map(str, seeds))}: need distinct non-negative seeds")
-    plan = StudyPlan(base_config, tuple(methods), tuple(seeds), tuple(overrides), out_dir, quick)
-    for m in plan.methods:
-        for s in plan.seeds:
-            load_config(base_config, plan.config_overrides(m, s))
+    every = [*seeds, *headline_seeds]
+    if len(set(every)) != len(every) or any(s < 0 for s in headline_seeds):
+        raise ConfigError(f"--headline-seeds {' '.join(map(str, headline_seeds))}: need distinct non-negative seeds "
+                          f"that are not among --seeds")
+    if headline_seeds and "grpo" not in headline:
+        raise ConfigError(f"--headline-methods {' '.join(headline)}: need grpo, the baseline that sets each seed's "
+                          "target")
+    unknown = [m for m in headline if m not in METHODS]
+    if unknown:
+        raise ConfigError(f"--headline-methods {' '.join(unknown)}: unknown; known: {' '.join(METHODS)}")
+    plan = StudyPlan(base_config, tuple(methods), tuple(seeds), tuple(overrides), out_dir, quick,
+                     tuple(headline_seeds), tuple(headline))
+    for m, s in plan.jobs():
+        load_config(base_config, plan.config_overrides(m, s))
     return plan
 
 
@@ -137,7 +155,7 @@ def run_study(plan: StudyPlan, *, progress: bool = True, target_fraction: float 
     # Every run builds the same sampler and update programs: compile them once for the whole study
     # (each run, in this process or a worker, points JAX at this cache: _train_run).
     xla_cache = os.path.join(plan.out_dir, "xla_cache")
-    jobs_list = [(m, s) for s in plan.seeds for m in plan.methods]  # seed-major: a partial study is paired
+    jobs_list = plan.jobs()
     bar = None
     if progress:
         from tqdm import tqdm
@@ -243,6 +261,10 @@ def add_subparser(subparsers) -> None:
     p.add_argument("--quick", action="store_true", help="2 seeds, 8 short steps (a smoke check)")
     p.add_argument("--seeds", type=int, nargs="+", default=None,
                    help=f"default: {' '.join(map(str, DEFAULT_SEEDS))} (--quick: {' '.join(map(str, QUICK_SEEDS))})")
+    p.add_argument("--headline-seeds", type=int, nargs="+", default=[],
+                   help="more seeds, run only by the headline methods (for narrower intervals on the main claims)")
+    p.add_argument("--headline-methods", nargs="+", default=list(HEADLINE_METHODS),
+                   help=f"the methods --headline-seeds runs (default: {' '.join(HEADLINE_METHODS)})")
     p.add_argument("--methods", nargs="+", default=list(DEFAULT_METHODS),
                    help=f"default: {' '.join(DEFAULT_METHODS)}; the PS investigation adds {' '.join(PS_INVESTIGATION)}")
     p.add_argument("--out", default=None, help="study directory (default: runs/study or runs/study_quick)")
@@ -269,12 +291,14 @@ def run(args) -> int:
     out = args.out or os.path.join("runs", "study_quick" if args.quick else "study")
     if not 0 < args.target_fraction <= 1:
         raise ConfigError(f"--target-fraction {args.target_fraction}: must be in (0, 1]")
-    plan = make_plan(args.config, args.methods, seeds, args.overrides, out, args.quick)
+    plan = make_plan(args.config, args.methods, seeds, args.overrides, out, args.quick, args.headline_seeds,
+                     args.headline_methods)
     analysis = run_study(plan, progress=not args.no_progress, target_fraction=args.target_fraction,
                          metric=args.metric, jobs=args.jobs, train=not args.report_only)
     report = args.report or os.path.join(out, "results.md")
     command = "passrate-jax " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     paths = write_report(plan, analysis, report, command=command)
-    print(f"study of {len(plan.methods)} methods x {len(plan.seeds)} seeds in {analysis['study_seconds']:.0f} s: "
+    more = f" (+{len(plan.headline_seeds)} headline seeds)" if plan.headline_seeds else ""
+    print(f"study of {len(plan.methods)} methods x {len(plan.seeds)} seeds{more} in {analysis['study_seconds']:.0f} s: "
           + ", ".join(paths))
     return 0
