@@ -227,16 +227,18 @@ def test_the_figure_plots_each_method_against_rollouts_and_seconds():
     x, mu, _ = gain_band([c["curve"] for c in fast], "rollouts", points=3)
     np.testing.assert_allclose(x, [0, 100, 200])
     np.testing.assert_allclose(mu, [0.0, 0.1, (0.3 + 0.2) / 2])
-    slow = [_curve([0, 100, 200], [0, 50, 90], [0.2, 0.3, 0.4])] * 2
-    analysis = {"per_seed": {"grpo": dict(enumerate(slow)), "sara": dict(enumerate(fast))},
+    slow = [_curve([0, 100, 200], [0, 50, 90], [0.2, 0.3, 0.4]), _curve([0, 100, 200], [0, 60, 120], [0.2, 0.3, 0.5])]
+    # PS adaptive ran seed 1 only (a study whose headline methods had more seeds): its reference is GRPO's seed 1.
+    analysis = {"per_seed": {"grpo": dict(enumerate(slow)), "sara": dict(enumerate(fast)), "ps_adaptive": {1: fast[1]}},
                 "targets": {0: 0.5, 1: 0.5}, "metric": "eval_sampled_accuracy"}
     fig = figure(analysis)
     panels = [ax for ax in fig.axes if ax.get_title()]
     assert [(ax.get_title(), ax.get_xlabel()) for ax in panels] == [
-        (t, AXES[a]) for t in ("GRPO (uniform)", "SARA (fill)") for a in AXES]
+        (t, AXES[a]) for t in ("GRPO (uniform)", "SARA (fill)", "PS adaptive (seeds 1)") for a in AXES]
     sara_seconds = panels[3]  # SARA's own curve, with GRPO's as the reference
     np.testing.assert_allclose(sara_seconds.lines[-1].get_xdata()[-1], 20)
-    np.testing.assert_allclose(sara_seconds.lines[0].get_xdata()[-1], 90)
+    np.testing.assert_allclose(sara_seconds.lines[0].get_xdata()[-1], 90)  # GRPO over seeds 0 and 1
+    np.testing.assert_allclose(panels[5].lines[0].get_xdata()[-1], 120)  # GRPO over seed 1 alone
     import matplotlib.pyplot as plt
     plt.close(fig)
 

@@ -72,28 +72,40 @@ def gain_band(curves: list[dict], axis: str, points: int = 60) -> tuple[np.ndarr
 
 def figure(analysis: dict):
     """Two panels per method, side by side: accuracy gain against rollouts and against wall seconds
-    (a method that saves rollouts must save seconds too); GRPO and DS drawn in every panel for reference."""
+    (a method that saves rollouts must save seconds too); GRPO and DS drawn in every panel for reference,
+    averaged over the panel's method's seeds, so a method with fewer seeds is compared on its own seeds."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     methods = list(analysis["per_seed"])
-    curves = {m: [x["curve"] for x in analysis["per_seed"][m].values()] for m in methods}
+    curves = {m: {s: x["curve"] for s, x in analysis["per_seed"][m].items()} for m in methods}
+    all_seeds = sorted(analysis["targets"])
     per_row = 2  # methods a row, each with one panel per axis
     rows = -(-len(methods) // per_row)
     fig, axes = plt.subplots(rows, per_row * len(AXES), figsize=(4 * per_row * len(AXES), 3.1 * rows),
                              sharey=True, squeeze=False)
-    refs = {axis: {b: gain_band(curves[b], axis) for b in BASELINES if b in curves} for axis in AXES}
+    refs = {}  # a baseline's band over the seeds of the panel's method (paired), computed once per seed set
+
+    def ref(b, seeds, axis):
+        key = (b, seeds, axis)
+        if key not in refs:
+            refs[key] = gain_band([curves[b][s] for s in seeds], axis)
+        return refs[key]
+
     for i, m in enumerate(methods):
+        seeds = tuple(sorted(curves[m]))
         for j, axis in enumerate(AXES):
             ax = axes[i // per_row, (i % per_row) * len(AXES) + j]
-            for b, (x, mu, _) in refs[axis].items():
-                if b != m:
+            for b in BASELINES:
+                if b != m and b in curves and set(seeds) <= set(curves[b]):
+                    x, mu, _ = ref(b, seeds, axis)
                     ax.plot(x, mu, color="0.45", ls="--" if b == "ds" else ":", lw=1.2, label=_label(b))
-            x, mu, sd = gain_band(curves[m], axis)
+            x, mu, sd = gain_band(list(curves[m].values()), axis)
             ax.plot(x, mu, color="C0", lw=2, label=_label(m))
             ax.fill_between(x, mu - sd, mu + sd, color="C0", alpha=0.25)
-            ax.set_title(_label(m), fontsize=9)
+            ax.set_title(_label(m) + ("" if list(seeds) == all_seeds else f" (seeds {', '.join(map(str, seeds))})"),
+                         fontsize=9)
             ax.set_xlabel(AXES[axis], fontsize=8)
             ax.grid(alpha=0.3)
             ax.legend(fontsize=6, loc="lower right")
@@ -101,9 +113,9 @@ def figure(analysis: dict):
         ax.axis("off")
     for ax in axes[:, 0]:
         ax.set_ylabel("accuracy - warm start")
-    seeds = sorted(analysis["targets"])
     fig.suptitle(f"held-out {analysis['metric']} gain over each seed's warm start against rollouts and wall "
-                 f"seconds: mean and ± 1 sd over seeds {', '.join(map(str, seeds))}", fontsize=10)
+                 f"seconds: mean and ± 1 sd over seeds {', '.join(map(str, all_seeds))} (or the panel's; GRPO "
+                 "and DS over the same seeds)", fontsize=10)
     fig.tight_layout(rect=(0, 0, 1, 1 - 0.4 / fig.get_figheight()))  # 0.4 inch of the top for the title
     return fig
 
