@@ -27,7 +27,7 @@ CACHE = ROOT / ".cache"
 # none of them. A size cap turns on JAX's file lock, so two xdist workers write the cache safely.
 # Most of the suite's time is XLA compiling small programs once each; LLVM's optimisation passes are about
 # half of that and buy nothing on test-sized arrays (tests/test_allocation_allocator.py: 219 s -> 120 s on a
-# cold cache). The shipped default runs as shipped, optimised (SHIPPED_ENV below).
+# cold cache). Runs a user would make run optimised, as shipped (shipped_env() below).
 SUITE_ENV = {"JAX_COMPILATION_CACHE_DIR": str(CACHE / "jax"),
              "JAX_DISABLE_MOST_OPTIMIZATIONS": "1",
              "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0.1",

@@ -68,12 +68,16 @@ class StudyPlan:
                 "logging.progress_bar=false", "logging.tensorboard=false", *self.overrides]
 
 
+def _check_known(option: str, methods) -> None:
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        raise ConfigError(f"{option} {' '.join(unknown)}: unknown; known: {' '.join(METHODS)}")
+
+
 def make_plan(base_config: str, methods, seeds, overrides, out_dir: str, quick: bool, headline_seeds=(),
               headline=HEADLINE_METHODS) -> StudyPlan:
     """Validate the request (every config is built here, before any compute)."""
-    unknown = [m for m in methods if m not in METHODS]
-    if unknown:
-        raise ConfigError(f"--methods {' '.join(unknown)}: unknown; known: {' '.join(METHODS)}")
+    _check_known("--methods", methods)
     if "grpo" not in methods:
         raise ConfigError(f"--methods {' '.join(methods)}: the study needs grpo, the baseline that sets the target")
     if len(set(seeds)) != len(seeds) or any(s < 0 for s in seeds):
@@ -85,9 +89,7 @@ def make_plan(base_config: str, methods, seeds, overrides, out_dir: str, quick: 
     if headline_seeds and "grpo" not in headline:
         raise ConfigError(f"--headline-methods {' '.join(headline)}: need grpo, the baseline that sets each seed's "
                           "target")
-    unknown = [m for m in headline if m not in METHODS]
-    if unknown:
-        raise ConfigError(f"--headline-methods {' '.join(unknown)}: unknown; known: {' '.join(METHODS)}")
+    _check_known("--headline-methods", headline)
     plan = StudyPlan(base_config, tuple(methods), tuple(seeds), tuple(overrides), out_dir, quick,
                      tuple(headline_seeds), tuple(headline))
     for m, s in plan.jobs():
