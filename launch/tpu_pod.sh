@@ -117,11 +117,16 @@ PY="${PYTHON:-}"
 if [[ -z "$PY" ]]; then
   if [[ -x "$REPO/.venv/bin/python" ]]; then PY="$REPO/.venv/bin/python"; else PY=python3; fi
 fi
-if "$PY" -c 'import passrate_jax.run.config' 2>/dev/null; then
-  (cd "$REPO" && "$PY" - "$CONFIG" "$CHIPS" "$ACCEL" "${OVERRIDES[@]+"${OVERRIDES[@]}"}" <<'PYEOF') || exit 2
+# One interpreter both looks for the package and checks (each start imports JAX: about 2 s). Exit status 3,
+# or 127 (no such interpreter): no package here.
+CHECKED=0
+(cd "$REPO" && "$PY" - "$CONFIG" "$CHIPS" "$ACCEL" "${OVERRIDES[@]+"${OVERRIDES[@]}"}" <<'PYEOF') || CHECKED=$?
 import math, sys
-from passrate_jax.run.config import load_config
-from passrate_jax.configlib import ConfigError
+try:
+    from passrate_jax.run.config import load_config
+    from passrate_jax.configlib import ConfigError
+except ImportError:
+    sys.exit(3)
 config, chips, accel, overrides = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4:]
 try:
     cfg = load_config(config, ["distributed.initialize=true", *overrides])
@@ -135,8 +140,10 @@ if chips % fixed or (-1 not in (m.data, m.fsdp, m.tensor) and fixed != chips):
     sys.exit(f"tpu_pod.sh: mesh (data, fsdp, tensor) = {(m.data, m.fsdp, m.tensor)} in {config} does not "
              f"fit the {chips} devices of {accel}")
 PYEOF
-else
+if [[ $CHECKED == 3 || $CHECKED == 127 ]]; then
   echo "tpu_pod.sh: note: no Python with passrate_jax here ($PY); the preset is checked on the workers only" >&2
+elif [[ $CHECKED != 0 ]]; then
+  exit 2
 fi
 
 # ---------------------------------------------------------------- the commands
