@@ -10,6 +10,7 @@ the line) or ``PASSRATE_JAX_DEBUG=1`` shows the traceback instead.
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
 import sys
@@ -39,7 +40,28 @@ def _run_info(args) -> int:
     return info.run(args)
 
 
-def build_parser() -> argparse.ArgumentParser:
+# Each subcommand's module (its add_subparser or add_subparsers registers it) and its one-line help for the
+# command list. A command line imports the module of its own command only: the others import JAX, Flax and
+# Orbax (about 4 s), which `passrate-jax --help`, `--version` and a typo in the command need not pay.
+# tests/test_cli_info.py checks that each line here is the help its module registers.
+COMMANDS = {
+    "train": ("passrate_jax.cli.train", "train (or resume) a run"),
+    "eval": ("passrate_jax.cli.commands", "held-out accuracy and pass@k of a run's latest checkpoint, or on --data"),
+    "sft": ("passrate_jax.cli.commands", "run the supervised warm start (or load it from the cache)"),
+    "generate": ("passrate_jax.cli.generate", "sample completions of a prompt from a Hugging Face checkpoint"),
+    "export": ("passrate_jax.cli.export", "write a run's checkpoint as a Hugging Face model directory "
+                                          "(config.json, model.safetensors, tokenizer files)"),
+    "simulate": ("passrate_jax.study.simulate", "compare allocation methods on a synthetic population"),
+    "plot": ("passrate_jax.run.plot", "write PNG figures of a run's metrics"),
+    "study": ("passrate_jax.study.runner", "every allocation method side by side (paired seeds, rollouts to "
+                                           "target accuracy with intervals), written to a Markdown report"),
+}
+ALL = object()  # build_parser(ALL): every command's full parser
+
+
+def build_parser(command=ALL) -> argparse.ArgumentParser:
+    """The command line's parser. ``command``: the command whose full parser is built (its module imported);
+    every other command is listed by name and help only. ``ALL`` (the default): every command in full."""
     parser = argparse.ArgumentParser(prog="passrate-jax", description=__doc__.splitlines()[0], epilog=EXAMPLES,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"passrate-jax {__version__}")
@@ -47,17 +69,19 @@ def build_parser() -> argparse.ArgumentParser:
                                                              "PASSRATE_JAX_DEBUG=1)")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _info_subparser(subparsers)
-    from passrate_jax.cli import commands, export, generate, train
-    from passrate_jax.run import plot
-    from passrate_jax.study import runner, simulate
-    train.add_subparser(subparsers)
-    commands.add_subparsers(subparsers)
-    generate.add_subparser(subparsers)
-    export.add_subparser(subparsers)
-    simulate.add_subparser(subparsers)
-    plot.add_subparser(subparsers)
-    runner.add_subparser(subparsers)
+    full = set(COMMANDS) if command is ALL else {command} & set(COMMANDS)
+    for module in dict.fromkeys(COMMANDS[name][0] for name in COMMANDS if name in full):
+        register = importlib.import_module(module)
+        (register.add_subparsers if hasattr(register, "add_subparsers") else register.add_subparser)(subparsers)
+    for name, (_, summary) in COMMANDS.items():  # in the list by name only; the command line runs none of them
+        if name not in subparsers.choices:
+            subparsers.add_parser(name, help=summary, add_help=False)
     return parser
+
+
+def command_word(argv: list[str]) -> str | None:
+    """The subcommand ``argv`` names: its first word that is not an option."""
+    return next((a for a in argv if not a.startswith("-")), None)
 
 
 def parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
@@ -85,7 +109,8 @@ PER_EVENT_LOGGERS = ("passrate_jax.data.math_verify_pool",)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(command_word(argv))
     args = parse(parser, argv)
     loggers = {name: logging.getLogger(name) for name in PER_EVENT_LOGGERS}
     levels = {name: logger.level for name, logger in loggers.items()}
