@@ -126,6 +126,10 @@ class FakeBackend(PassThroughBackend):
     def stream(self, params, seed):
         return FakeStream(self, seed)
 
+    def prompt_ids(self, prompt: int) -> list[int]:
+        """Prompt ids: the harder the prompt (the lower ``prompt % 11``), the longer."""
+        return [0] * (11 - prompt % 11)
+
 
 def run_steps(collect, allocation: AllocationConfig, ps: PrefixSamplingConfig, backend, steps: int = 3):
     allocator = Allocator(allocation, ps, num_prompts=PROMPTS)
@@ -261,3 +265,37 @@ def test_sara_fill_retires_groups_as_scored_and_trains_round_mode_groups(slots):
     as_finished = run_steps(functools.partial(collect_rollouts_events, any_order=True), *ds,
                             FakeBackend(_length_favours_easy_and_right, slots=slots, chunk=2), steps=4)
     assert any([g[:3] for g in e["groups"]] != [g[:3] for g in r["groups"]] for r, e in zip(rounds, as_finished))
+
+
+def test_uniform_allocation_starts_the_longest_prompts_first(monkeypatch):
+    """GRPO makes every request at the step's start (``Allocator.decides_at_start``), so the engine starts
+    the longest prompts first: with answers as long as their prompts, in 16 slots, a step then ends in
+    fewer chunks than with its rollouts started in issue order, making the same decisions. Compositions
+    that decide on their first requests' outcomes start them in issue order."""
+    def length(rollout):
+        return 3 * (11 - rollout[1] % 11)
+
+    started = []
+
+    class Recording(FakeBackend):
+        def stream(self, params, seed):
+            stream = FakeStream(self, seed)
+            add = stream.add
+            stream.add = lambda request, tag: (started.append(len(self.prompt_ids(request.prompt_id))),
+                                               add(request, tag))
+            return stream
+
+    longest_first = run_steps(collect_rollouts_events, *METHODS["grpo"], Recording(length, slots=16, chunk=2))
+    assert started == sorted(started[:B], reverse=True) + sorted(started[B:2 * B], reverse=True) + \
+        sorted(started[2 * B:], reverse=True) and started[:B] != sorted(started[:B])
+    monkeypatch.setattr(Allocator, "decides_at_start", property(lambda self: False))
+    in_issue_order = run_steps(collect_rollouts_events, *METHODS["grpo"], FakeBackend(length, slots=16, chunk=2))
+    for a, b in zip(longest_first, in_issue_order):
+        assert {k: v for k, v in a.items() if k != "engine"} == {k: v for k, v in b.items() if k != "engine"}
+    chunks = [sum(x["engine"]["sampler_calls"] for x in run_) for run_ in (longest_first, in_issue_order)]
+    assert chunks[0] < chunks[1], chunks
+    monkeypatch.undo()
+    for method in ("grpo", "mopps", "ps"):
+        assert Allocator(*METHODS[method], PROMPTS).decides_at_start, method
+    for method in ("ds", "ideal_ds", "sara_fill", "sara_fixed", "pilot_commit", "ps_same_step"):
+        assert not Allocator(*METHODS[method], PROMPTS).decides_at_start, method

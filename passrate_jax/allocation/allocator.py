@@ -122,6 +122,15 @@ class Allocator:
                 and not self.ps.enabled)
 
     @property
+    def decides_at_start(self) -> bool:
+        """Whether a step makes every request when it starts, before any rollout is scored: uniform
+        allocation, its replays (next-step Prefix Sampling) included, with or without selection. The order
+        in which the slot engine starts its rollouts then changes no decision, so the engine starts the
+        longest prompts first (rollout/events.py). Every other composition decides on the outcomes of its
+        first requests, which its later requests wait on in issue order, so those start in issue order."""
+        return self.cfg.method == "uniform" and not (self.ps.enabled and self.ps.timing == "same_step")
+
+    @property
     def max_groups(self) -> int:
         """The most groups a step trains: B, plus the replay slots when re-rollout groups go on top."""
         return self.cfg.num_prompts + self.ps.extra_groups(self.cfg.num_prompts)

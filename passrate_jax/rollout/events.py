@@ -78,6 +78,7 @@ def collect_rollouts_events(allocator: Allocator, state: AllocatorState, backend
     if any_order is None:
         any_order = getattr(allocator, "retires_in_any_order", False)
     run = allocator.start_step(state)
+    longest_first = allocator.decides_at_start
     table, order, by_key = RolloutTable(), collections.deque(), {}
     opened, replay_buckets = [], {}
     backend.open_step(params)
@@ -89,11 +90,14 @@ def collect_rollouts_events(allocator: Allocator, state: AllocatorState, backend
             requests = run.issue()
             note_requests(requests, opened, replay_buckets)
             claimed = [ahead.claim(req) for req in requests]
+            started = []
             for req, ctx, guess in zip(requests, backend.contexts(requests), claimed):
                 order.append(flight := guess or Flight(req, ctx is not None))
                 by_key[req.group_key] = flight
                 if ctx is not None and guess is None:
-                    stream.add(ctx, tag=req.group_key)
+                    started.append((req, ctx))
+            for req, ctx in _start_order(started, backend, longest_first):
+                stream.add(ctx, tag=req.group_key)
             ahead.top_up(run)
 
         issue()
@@ -115,6 +119,19 @@ def collect_rollouts_events(allocator: Allocator, state: AllocatorState, backend
         result = dataclasses.replace(result, groups=[g for g in result.groups if g.group_key not in unobserved])
     return StepRollouts(result, new_state, table, backend_counters, engine=counters, opened=opened,
                         replay_buckets=replay_buckets)
+
+
+def _start_order(started: list[tuple], backend: RolloutBackend, longest_first: bool) -> list[tuple]:
+    """The order in which one issue's (request, context) pairs enter the stream's queue: issue order, or
+    with ``longest_first`` the longest prompts first (issue order among equals). Where every request is
+    made at the step's start, the step ends when its last rollout does; starting the longest answers first
+    leaves short ones to fill the rows that free up near the end, rather than one long answer decoding
+    alone in a pool that has nothing left to start (the longest-processing-time-first rule). A prompt's
+    length stands for its answer's: on the built-in tasks more digits mean more worked lines. On the
+    default preset, GRPO: chunks a step 12.7 -> 11.3, slot utilization 0.74 -> 0.82 (docs/engine.md)."""
+    if not longest_first:
+        return started
+    return sorted(started, key=lambda rc: -len(backend.prompt_ids(rc[0].prompt_id)))
 
 
 def _take_retired(order: collections.deque, any_order: bool) -> list[Flight]:
