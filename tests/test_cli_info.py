@@ -42,7 +42,8 @@ def test_overrides_may_come_before_and_after_options(capsys):
 def test_the_command_list_is_what_each_module_registers_and_help_imports_no_jax():
     """``COMMANDS`` lists each command with the help its module registers (the list shown without importing
     the modules must not drift from them); ``--help``, ``--version`` and a mistyped command import none of
-    them, so they answer at once rather than after JAX's 4-second import."""
+    them, and ``info --presets`` only the preset list, so they answer at once rather than after JAX's
+    4-second import."""
     import argparse
     import subprocess
     import sys
@@ -53,7 +54,7 @@ def test_the_command_list_is_what_each_module_registers_and_help_imports_no_jax(
     registered = {action.dest: action.help for action in subparsers._choices_actions}
     assert {name: summary for name, (_, summary) in COMMANDS.items()} == {k: v for k, v in registered.items()
                                                                          if k != "info"}
-    for argv in (["--help"], ["--version"], ["trian"]):
+    for argv in (["--help"], ["--version"], ["trian"], ["info", "--presets"]):
         probe = ("import sys\nfrom passrate_jax.cli.main import main\ntry:\n    main(%r)\nexcept SystemExit:\n    pass\n"
                  "print('imported jax' if 'jax' in sys.modules else 'no jax', file=sys.stderr)" % argv)
         done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from passrate_jax.configlib import PRESET_DIR, preset_names, preset_summary
-from passrate_jax.run.config import check_inputs, dump_config, load_config
 
 
 def parameter_count(model_cfg) -> int:
@@ -31,6 +30,9 @@ def run(args) -> int:
     if getattr(args, "presets", False):
         print_presets()
         return 0
+    # Here, not at the top: the config module imports JAX (about 2 s), which listing the presets need not wait for.
+    from passrate_jax.run.config import check_inputs, dump_config, load_config
+
     cfg = load_config(args.config, args.overrides)  # fails here, before jax starts, on a bad config
     check_inputs(cfg)
     import jax
