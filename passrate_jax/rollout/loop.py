@@ -12,7 +12,7 @@ rollouts, from which the allocator's results and the step's metrics are read.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import numpy as np
@@ -42,6 +42,9 @@ class RolloutBackend(Protocol):
     evaluation are the run's (``passrate_jax/run/warm_start.py``, ``held_out.py``).
     """
     store: TrajectoryStore
+    # Prompt i's token ids; the slot engine reads their length to start the longest prompts first where a
+    # step asks everything at its start (rollout/events.py).
+    prompt_ids: Callable[[int], Sequence[int]]
 
     def open_step(self, params) -> None: ...
 
