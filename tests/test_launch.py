@@ -136,7 +136,6 @@ def test_tpu_pod_bad_overrides_fail_before_any_command():
     assert res.returncode == 2 and "unknown option '--bogus'" in res.stderr
 
 
-
 def test_tpu_pod_without_the_package_here_notes_it_and_prints_the_sequence(tmp_path):
     """A laptop whose Python lacks the package (here: no site-packages, nor the checkout on the path) still
     prints the sequence, with a note that the preset is checked on the workers; so does one without Python."""
@@ -148,6 +147,7 @@ def test_tpu_pod_without_the_package_here_notes_it_and_prints_the_sequence(tmp_p
         assert res.returncode == 0, res.stderr
         assert "the preset is checked on the workers only" in res.stderr
         assert [c[4] for c in commands(res.stdout) if c[0] == "gcloud"] == ["create", "scp", "ssh", "ssh", "delete"]
+
 
 # ------------------------------------------------------------------ local_gpu.sh
 
