@@ -13,7 +13,10 @@ from passrate_jax.allocation import (ABANDON, CONFIRM, CONTINUE, EVICT, KEEP, SK
                                      pilot_classify, pilot_priority, pilot_size, prefix_control_init,
                                      prefix_control_update, queue_expire, queue_init, queue_push, queue_take,
                                      sara_decide, select_prompts, selection_init, selection_update)
-from passrate_jax.allocation.config import PilotCommitConfig, PrefixSamplingConfig, SaraConfig, SelectionConfig
+from passrate_jax.allocation.allocator import Allocator, make_setup
+from passrate_jax.allocation.config import (AllocationConfig, PilotCommitConfig, PrefixSamplingConfig, SaraConfig,
+                                            SelectionConfig)
+from passrate_jax.allocation.machine import next_request
 
 SARA = SaraConfig()
 
@@ -48,6 +51,35 @@ def test_sara_default_rule_at_N8():
     cfg = SaraConfig(tau_abandon=0.05, tau_confirm=0.99, round_schedule=(2,))
     action, _, chunk = sara_decide(np.array([2]), np.array([0]), np.array([1]), np.array([1.0]), np.array([1.0]), cfg, 8)
     assert (int(action[0]), int(chunk[0])) == (CONTINUE, 6)
+
+
+def test_sure_next_request_is_saras_rule_on_every_outcome_of_the_rollouts_in_flight():
+    """machine.next_request (what the slot engine starts ahead for sure) against enumeration: for SARA,
+    the smallest next request over every outcome of the rollouts still in flight, computed with
+    sara_decide outcome by outcome, and 0 when some outcome abandons; for GRPO, DS and Pilot-Commit 0
+    (their next request is not a function of the group's own outcomes)."""
+    N, cases = 8, []
+    for n in range(1, N):
+        for waiting in range(n + 1):
+            for s in range(n - waiting + 1):
+                cases.append((n, s, waiting, n // 2))  # probes done after these: 1 at n = 2, 2 at n = 4
+    n, s, waiting, probes = (np.array(c, np.int32) for c in zip(*cases))
+    alloc = Allocator(AllocationConfig(method="sara", num_prompts=4, group_size=N), PrefixSamplingConfig(), 16)
+    got = np.asarray(next_request(alloc.setup, alloc.knobs, n, s, waiting, probes))
+    for i, (n_i, s_i, w_i, p_i) in enumerate(cases):
+        sizes = [int(sara_decide(np.array([n_i]), np.array([s_i + j]), np.array([p_i]), np.ones(1), np.ones(1),
+                                 SARA, N)[2][0]) for j in range(w_i + 1)]
+        assert got[i] == (min(sizes) if min(sizes) > 0 else 0), cases[i]
+    # Worked cases at N = 8, schedule (2, 2, 4): two probes in flight after none -> 2 for sure (a mixed
+    # pair confirms: 6; a unanimous one continues: 2); two unanimous then two in flight -> 0 (may abandon).
+    pick = {(c[0], c[1], c[2]): g for c, g in zip(cases, got)}
+    assert (pick[(2, 0, 2)], pick[(4, 0, 2)], pick[(2, 1, 0)], pick[(4, 0, 0)]) == (2, 0, 6, 0)
+    for method in ("uniform", "ds", "pilot_commit"):
+        other = Allocator(AllocationConfig(method=method, num_prompts=4, group_size=N), PrefixSamplingConfig(), 16)
+        assert not np.any(np.asarray(next_request(other.setup, other.knobs, n, s, waiting, probes))), method
+    # The simulator's setup (every policy in one compile) switches to the method's own rule.
+    family = make_setup(alloc.cfg, alloc.ps, 16, family=True)
+    np.testing.assert_array_equal(next_request(family, alloc.knobs, n, s, waiting, probes), got)
 
 
 def test_mopps_update_hand_computed():

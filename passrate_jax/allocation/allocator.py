@@ -26,7 +26,7 @@ import jax.numpy as jnp
 from passrate_jax.allocation.config import AllocationConfig, PrefixSamplingConfig, check_prefix_sampling
 from passrate_jax.allocation.group_queue import queue_init
 from passrate_jax.allocation.family import POLICIES, Family
-from passrate_jax.allocation.policies import UNBOUNDED, Knobs, Setup
+from passrate_jax.allocation.composition import UNBOUNDED, Knobs, Setup
 from passrate_jax.allocation.prefix_control import controller_gains, prefix_control_init
 from passrate_jax.allocation.protocol import (AllocatorState, Prefix, Request, Result, StepResult, TrainGroup,
                                               state_from_dict, state_to_dict)

@@ -9,7 +9,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from passrate_jax.allocation.policies import DynamicSampling, PilotCommit, Policy, Sara, Uniform
+from passrate_jax.allocation.composition import Policy
+from passrate_jax.allocation.policies import DynamicSampling, PilotCommit, Sara, Uniform
 
 POLICIES: dict[str, Policy] = {"uniform": Uniform(), "ds": DynamicSampling(), "sara": Sara(),
                                "pilot_commit": PilotCommit()}
@@ -46,6 +47,10 @@ class Family:
     def decide(self, setup, knobs, state, t, fresh, completed):
         branches = [_as_member(functools.partial(m.decide, setup, knobs), i) for i, m in enumerate(self.members)]
         return jax.lax.switch(knobs.policy, branches, state, t, fresh, completed)
+
+    def next_request(self, setup, knobs, n, s, probes):
+        branches = [functools.partial(m.next_request, setup, knobs) for m in self.members]
+        return jax.lax.switch(knobs.policy, branches, n, s, probes)
 
     def init(self, setup):
         return tuple(m.init(setup) for m in self.members)

@@ -29,7 +29,8 @@ import jax
 import jax.numpy as jnp
 
 from passrate_jax.allocation.group_queue import queue_expire, queue_init
-from passrate_jax.allocation.policies import Knobs, Setup, budget_left, toward_b, trained_toward_b
+from passrate_jax.allocation.composition import Knobs, Setup
+from passrate_jax.allocation.policies import budget_left, toward_b, trained_toward_b
 from passrate_jax.allocation.prefix_control import prefix_control_update
 from passrate_jax.allocation.selection import selection_update
 from passrate_jax.allocation.table import (DROPPED, REJECTED, TRAINED, StepTable, close_rows, draw_thompson, observed,
@@ -112,15 +113,29 @@ def lookahead(setup: Setup, knobs: Knobs, state, t: StepTable, m: int):
     # Only Pilot-Commit's policy holds a pilot buffer (a commit continues a pilot under its key).
     buf = getattr(state.policy, "buffer", None)
     buf = queue_init(0, setup.N) if buf is None else buf
-    first = t.n + t.inflight + t.chunk
+    waiting = t.inflight + t.chunk
+    first = t.n + waiting
+    size = next_request(setup, knobs, first, successes(t), waiting, t.probes + (waiting > 0))
     return {"key": jnp.concatenate([t.key, buf.group_key]), "prompt": jnp.concatenate([t.prompt, buf.prompt_id]),
-            "first": jnp.concatenate([first, buf.n]),
+            "first": jnp.concatenate([first, buf.n]), "size": jnp.concatenate([size, setup.N - buf.n]),
             "ok": jnp.concatenate([pending(t) & (t.bucket < 0) & (first < setup.N), buf.valid & (buf.n < setup.N)])
             & ~t.done,
             "fresh_prompt": t.order[jnp.minimum(at, t.order.shape[0] - 1)],
             "fresh_key": t.key_base + t.opened + jnp.arange(m, dtype=jnp.int32),
             "fresh_ok": (at < t.num_available) & (knobs.selection == 0) & ~t.done,
             "chunk": op.chunk, "free": budget_left(knobs, t)}
+
+
+def next_request(setup: Setup, knobs: Knobs, n, s, waiting, probes):
+    """The request the policy will surely make next for groups whose ``n`` rollouts include ``waiting``
+    not yet scored, with ``s`` successes among the scored, after ``probes`` requests (int32 [K] each):
+    the smallest of the policy's next requests over every outcome of the waiting rollouts, or 0 when some
+    outcome makes none (a SARA probe that may end in abandoning). The slot engine starts it ahead
+    (``rollout/ahead.py``): a guess that every outcome needs is used whenever its group is."""
+    sizes = jax.vmap(lambda j: setup.policy.next_request(setup, knobs, n, s + j, probes))(
+        jnp.arange(setup.N + 1, dtype=jnp.int32))
+    sizes = jnp.where(jnp.arange(setup.N + 1)[:, None] <= waiting[None, :], sizes, setup.N)
+    return jnp.where(jnp.all(sizes > 0, axis=0), jnp.min(sizes, axis=0), 0).astype(jnp.int32)
 
 
 def observe_event(setup: Setup, knobs: Knobs, state, t: StepTable, rewards, observed, rows):

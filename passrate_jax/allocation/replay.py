@@ -13,7 +13,7 @@ Placement. :class:`InPlace`: re-rollout groups count toward the step's B; :class
 top of it. Its hooks say which rows count toward B and how many of B are held back for replays.
 
 Pure functions of (setup, knobs, allocator state, step table), jitted with the machine; the objects are
-stateless and hashable (static parts of the :class:`~.policies.Setup`).
+stateless and hashable (static parts of the :class:`~.composition.Setup`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ import jax
 import jax.numpy as jnp
 
 from passrate_jax.allocation.group_queue import queue_push
-from passrate_jax.allocation.policies import Knobs, Setup, budget_left, slots
+from passrate_jax.allocation.composition import Knobs, Setup
+from passrate_jax.allocation.policies import budget_left, slots
 from passrate_jax.allocation.prefix_control import plan_replays
 from passrate_jax.allocation.table import (CONFIRMED, DROPPED, TRAINED, StepTable, afford, pending, split_rng,
                                            successes, take_rows)

@@ -4,13 +4,15 @@ requests / observe / finish protocol. This file only converts between the step t
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import numpy as np
 
 from passrate_jax.allocation.group_queue import GroupQueue
-from passrate_jax.allocation.machine import (begin_step, finish_step, lookahead, observe_event, observe_round,
-                                             plan_event, plan_round)
-from passrate_jax.allocation.policies import Knobs, Setup
+from passrate_jax.allocation.machine import (begin_step, finish_step, lookahead, next_request, observe_event,
+                                             observe_round, plan_event, plan_round)
+from passrate_jax.allocation.composition import Knobs, Setup
 from passrate_jax.allocation.protocol import AllocatorState, Prefix, Request, Result, StepResult, TrainGroup
 from passrate_jax.allocation.table import ABANDONED, successes
 
@@ -22,6 +24,22 @@ _finish = jax.jit(finish_step, static_argnums=0)
 _plan_event = jax.jit(plan_event, static_argnums=0)
 _observe_event = jax.jit(observe_event, static_argnums=0)
 _lookahead = jax.jit(lookahead, static_argnums=(0, 4))
+_next_request = jax.jit(next_request, static_argnums=0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Lookahead:
+    """What the machine may request later (event mode), most likely first.
+
+    sure: the next request of each group already opened that every outcome of its rollouts in flight
+    leads to. fresh: the first requests of the next fresh groups the policy would open, in order. rests:
+    the rest of each group already opened (needed only if it is completed). budget: rollouts the budget
+    has left. group_size: N."""
+    sure: list[Request]
+    fresh: list[Request]
+    rests: list[Request]
+    budget: int
+    group_size: int
 
 
 def _prefix(t, g: int) -> Prefix | None:
@@ -92,20 +110,30 @@ class StepRun:
             reqs.append(req)
         return reqs
 
-    def lookahead(self, m: int) -> tuple[list[Request], int]:
-        """Event mode: requests the machine may make later (see :func:`~.machine.lookahead`): the rest of
-        each group already opened, then the first requests of the next ``m`` fresh groups; and the
-        rollouts its budget has left. Guesses: the host may start them ahead and uses one only if the
-        machine makes that very request."""
+    def lookahead(self, m: int) -> Lookahead:
+        """Event mode: requests the machine may make later (see :func:`~.machine.lookahead`), for the host
+        to start ahead (a guess is used only if the machine makes that very request)."""
         if self.done:
-            return [], 0
+            return Lookahead([], [], [], 0, self.setup.N)
         a = jax.device_get(_lookahead(self.setup, self.knobs, self.state, self.table, m))
-        n = self.setup.N
-        reqs = [Request(int(a["key"][g]), int(a["prompt"][g]), n - int(a["first"][g]), int(a["first"][g]))
-                for g in np.nonzero(a["ok"])[0]]
-        reqs += [Request(int(a["fresh_key"][j]), int(a["fresh_prompt"][j]), int(a["chunk"]), 0)
+        n, opened = self.setup.N, np.nonzero(a["ok"])[0]
+        sure = [Request(int(a["key"][g]), int(a["prompt"][g]), int(a["size"][g]), int(a["first"][g]))
+                for g in opened if a["size"][g] > 0]
+        rests = [Request(int(a["key"][g]), int(a["prompt"][g]), n - int(a["first"][g]), int(a["first"][g]))
+                 for g in opened]
+        fresh = [Request(int(a["fresh_key"][j]), int(a["fresh_prompt"][j]), int(a["chunk"]), 0)
                  for j in np.nonzero(a["fresh_ok"])[0]]
-        return reqs, int(a["free"])
+        return Lookahead(sure, fresh, rests, int(a["free"]), n)
+
+    def next_requests(self, n: list[int], s: list[int], waiting: list[int], probes: list[int]) -> list[int]:
+        """Event mode: for fresh groups guessed ahead (``n`` rollouts, ``waiting`` of them not yet scored,
+        ``s`` successes, ``probes`` requests), the request the policy will surely make next if it opens
+        them (0: none is sure; :func:`~.machine.next_request`)."""
+        if not n:
+            return []
+        size = 8 << max(len(n) - 1, 0).bit_length()  # padded to a power of two: a handful of shapes
+        arrays = [np.asarray(list(v) + [0] * (size - len(v)), np.int32) for v in (n, s, waiting, probes)]
+        return [int(x) for x in jax.device_get(_next_request(self.setup, self.knobs, *arrays))[:len(n)]]
 
     def observe_some(self, results: list[Result]) -> None:
         """Event mode: observe these outstanding requests (one event; the others stay in flight), then decide."""

@@ -4,8 +4,11 @@ SARA and Pilot-Commit keep about B groups pending, each asking 2-4 rollouts at a
 they keep a fraction of a 64-row pool busy, and a chunk costs the same however few of its rows are live.
 The machine can say which fresh groups it would open next (``StepRun.lookahead``: under selection method
 none the step's prompt order is fixed and a new group's key is the next unused one), so the host starts
-those groups' first requests in rows that would otherwise idle. A guess is used only when the machine
-makes exactly that request (same group key, prompt, first index and size; no prefix): the rollouts are
+those groups' first requests in rows that would otherwise idle. Most likely first: the requests the
+policy will surely make next (``Lookahead.sure``, and for fresh groups already guessed
+``StepRun.next_requests`` on their guessed outcomes: SARA's rule run ahead on guesses), then the fresh
+groups' first requests, then the rest of every group (needed only if it is completed). A guess is used
+when the machine's request is covered by guessed rollouts (same group key and prompt; no prefix): the rollouts are
 then the very ones the request would have drawn (a rollout's tokens depend on its group key and index,
 never on when or where it ran), so the machine's decisions are unchanged. A guess the machine never
 makes (the step ended first, or a commit or a replay took the key) is discarded: its rollouts are
@@ -59,24 +62,26 @@ class Ahead:
         self.started = self.used = self.unused = self.wasted_tokens = 0
 
     def top_up(self, run) -> None:
-        """Start guesses, in the machine's order, while slots are free and the budget has room for every
-        guessed rollout not yet claimed."""
+        """Start guesses, most likely first (the module docstring), while slots are free and the budget has
+        room for every guessed rollout not yet claimed."""
         free = self.stream.free if self.window > 0 else 0
         if free <= 0:
             return
-        guesses, budget = run.lookahead(self.window)
-        room = budget - self._unclaimed()
-        for req in guesses:
-            if self._covers(req.group_key, req.prompt_id, range(req.first_index, req.first_index + req.num_rollouts)):
-                continue  # started already
-            if req.num_rollouts > min(free, room):
+        ahead = run.lookahead(self.window)
+        fresh = {r.group_key for r in ahead.fresh}
+        room = ahead.budget - self._unclaimed()
+        n = ahead.group_size
+        fresh_rests = [Request(r.group_key, r.prompt_id, n - r.num_rollouts, r.num_rollouts) for r in ahead.fresh]
+        for req in ahead.sure + self._follow_ups(run, fresh, n) + ahead.fresh + ahead.rests + fresh_rests:
+            req = self._not_started(req)
+            if req is None or req.num_rollouts > min(free, room):
                 continue
             if any(f.request.prompt_id != req.prompt_id for _, f in self.guesses.get(req.group_key, ())):
                 self._drop(req.group_key)  # the key guessed for another prompt before: that guess is stale
             ctx = self.backend.contexts([req])[0]
             if ctx is None:
                 continue
-            if req.first_index == 0:
+            if req.group_key in fresh:
                 self.created.add(req.group_key)
             tag = AheadTag(next(self._serial))
             flight = self.by_tag[tag] = Flight(req, True)
@@ -84,6 +89,29 @@ class Ahead:
             self.guesses.setdefault(req.group_key, []).append((tag, flight))
             self.stream.add(ctx, tag)
             free, room, self.started = free - req.num_rollouts, room - req.num_rollouts, self.started + req.num_rollouts
+
+    def _follow_ups(self, run, fresh: set[int], n_group: int) -> list[Request]:
+        """For each fresh group (not opened yet) guessed ahead, the request the policy will surely make next
+        on its guessed rollouts, whatever those still running bring (``StepRun.next_requests``)."""
+        ready = []
+        for key in sorted(fresh & self.guesses.keys()):
+            flights = [f for _, f in self.guesses[key]]
+            n = sum(f.request.num_rollouts for f in flights)
+            if self._covers(key, flights[0].request.prompt_id, range(n)) and n < n_group:
+                scored = [int(f.scores[i]["reward"]) for f in flights for i in f.scores]
+                ready.append((key, flights[0].request.prompt_id, n, sum(scored), n - len(scored), len(flights)))
+        sizes = run.next_requests(*([r[i] for r in ready] for i in range(2, 6)))
+        return [Request(key, prompt, size, n) for (key, prompt, n, *_), size in zip(ready, sizes) if size > 0]
+
+    def _not_started(self, req: Request) -> Request | None:
+        """The part of ``req`` no guess holds yet (its indices from the first one not held), or None."""
+        held = {i for _, f in self.guesses.get(req.group_key, ()) if f.request.prompt_id == req.prompt_id
+                for i in range(f.request.first_index, f.request.first_index + f.request.num_rollouts)}
+        end = req.first_index + req.num_rollouts
+        start = next((i for i in range(req.first_index, end) if i not in held), end)
+        if start == end or any(i in held for i in range(start, end)):
+            return None  # all held, or a hole: started already
+        return Request(req.group_key, req.prompt_id, end - start, start)
 
     def claim(self, req: Request) -> Flight | None:
         """A flight for ``req`` served by the guesses covering it (their finished rollouts copied in, the

@@ -102,8 +102,12 @@ def collect_rollouts_events(allocator: Allocator, state: AllocatorState, backend
 
         issue()
         while not run.done:
-            _score(backend, stream, by_key, ahead, stream.advance())
-            retired = _take_retired(order, any_order)
+            # Where retirement order is free, requests a harvest of guesses already completed retire
+            # without waiting for a chunk (elsewhere that would regroup the machine's events).
+            retired = _take_retired(order, any_order) if any_order else []
+            if not retired:
+                _score(backend, stream, by_key, ahead, stream.advance())
+                retired = _take_retired(order, any_order)
             if retired:
                 run.observe_some(_retire(backend, table, retired))
                 issue()

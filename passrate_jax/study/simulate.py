@@ -37,7 +37,7 @@ import numpy as np
 
 from passrate_jax.allocation.allocator import Allocator, init_state, make_setup
 from passrate_jax.allocation.config import AllocationConfig, PrefixSamplingConfig
-from passrate_jax.allocation.policies import Knobs
+from passrate_jax.allocation.composition import Knobs
 from passrate_jax.allocation.table import ABANDONED, successes
 from passrate_jax.configlib import ConfigError, apply_overrides, build, option, read_preset, section
 from passrate_jax.sampling.config import SamplingConfig

@@ -21,7 +21,7 @@ import numpy as np
 
 from passrate_jax.allocation.allocator import Allocator
 from passrate_jax.allocation.config import AllocationConfig, PrefixSamplingConfig
-from passrate_jax.allocation.policies import Knobs
+from passrate_jax.allocation.composition import Knobs
 from passrate_jax.study.simulate import SimulatorConfig, grid_axes, method_configs, prepare
 
 
