@@ -131,7 +131,7 @@ class StepRun:
         them (0: none is sure; :func:`~.machine.next_request`)."""
         if not n:
             return []
-        size = 8 << max(len(n) - 1, 0).bit_length()  # padded to a power of two: a handful of shapes
+        size = max(8, 1 << (len(n) - 1).bit_length())  # padded to a power of two: a handful of shapes
         arrays = [np.asarray(list(v) + [0] * (size - len(v)), np.int32) for v in (n, s, waiting, probes)]
         return [int(x) for x in jax.device_get(_next_request(self.setup, self.knobs, *arrays))[:len(n)]]
 
