@@ -11,6 +11,11 @@ seconds per rollout = ``time/rollout_s`` summed over steps 2..S / rollouts spent
 Utilization and sampler calls are means over the same steps; ``trained_length`` is the mean length
 (tokens) of the answers trained on, the no-length-bias check (the engine's against round mode's).
 The ratios the issue names (37, "What it must show") are printed under ``ratios``.
+
+``--host-device`` emulates an accelerator beside its host on this CPU: the process gets two CPU devices,
+every run's mesh is the first, and the allocation machine runs on the second, as it runs on the host's
+CPU beside a GPU or TPU (``passrate_jax.allocation.step.decision_device``, which keeps it with the state
+on a CPU-only run, is replaced here). The two devices still share this machine's cores.
 """
 
 from __future__ import annotations
@@ -26,8 +31,14 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+if "--host-device" in sys.argv:  # before JAX starts: its CPU platform's device count is fixed then
+    os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2"
+
+import jax  # noqa: E402
 
 from passrate_jax.rollout import loop as loop_module  # noqa: E402
+from passrate_jax.allocation import allocator as allocator_module  # noqa: E402
+from passrate_jax.run import session as session_module  # noqa: E402
 from passrate_jax.run import train as train_module  # noqa: E402
 from passrate_jax.run.config import load_config  # noqa: E402
 from passrate_jax.run.metrics import read_jsonl  # noqa: E402
@@ -117,7 +128,15 @@ def main(argv=None) -> int:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--set", nargs="*", default=[], dest="overrides", metavar="KEY=VALUE",
                    help="config overrides for every run, e.g. --set sampling.slots=64")
+    p.add_argument("--host-device", action="store_true", help="two CPU devices: the runs on the first, the "
+                   "allocation machine on the second (an accelerator beside its host, emulated)")
     args = p.parse_args(argv)
+    if args.host_device:
+        if len(jax.devices()) < 2:
+            raise SystemExit("--host-device: JAX started with one CPU device; pass the flag on the command line")
+        make_mesh = session_module.make_mesh
+        session_module.make_mesh = lambda cfg, devices=None: make_mesh(cfg, devices or jax.devices()[:1])
+        allocator_module.decision_device = lambda state: jax.devices()[1]
     rows = []
     for seed in args.seeds:
         for method in args.methods:
@@ -125,6 +144,7 @@ def main(argv=None) -> int:
                 rows.append(run_one(method, engine, seed, args.steps, args.overrides, args.config))
                 print(json.dumps(rows[-1]), file=sys.stderr if args.json else sys.stdout, flush=True)
     result = {"command": "python benchmarks/rollout_engine.py " + " ".join(sys.argv[1:] if argv is None else argv),
+              "devices": [str(d) for d in jax.devices()],
               "runs": rows, "ratios": ratios(rows)}
     print(json.dumps(result, indent=1) if args.json else json.dumps(result["ratios"], indent=1))
     return 0

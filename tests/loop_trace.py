@@ -51,7 +51,7 @@ def _traced_collect(steps: list, original):
         decoded: list = []
         if hasattr(backend, "stream"):
             plain = backend.stream
-            backend.stream = lambda p, s: _RecordingStream(plain(p, s), decoded)
+            backend.stream = lambda p, s, **kw: _RecordingStream(plain(p, s, **kw), decoded)
         try:
             ro = original(allocator, state, backend, params, seed=seed)
         finally:

@@ -13,6 +13,7 @@ without a model: a fake slot stream whose rollouts have given lengths and reward
 import collections
 import dataclasses
 import functools
+import types
 import zlib
 
 import jax
@@ -23,7 +24,7 @@ from passrate_jax.allocation import Allocator, state_to_dict
 from passrate_jax.allocation.step import StepRun
 from passrate_jax.allocation.config import (AllocationConfig, DSConfig, PilotCommitConfig, PrefixSamplingConfig,
                                             SaraConfig, SelectionConfig)
-from passrate_jax.rollout.events import collect_rollouts_events
+from passrate_jax.rollout.events import collect_rollouts_events, harvest_lagged
 from passrate_jax.rollout.loop import collect_rollouts
 from tests.fakes import PassThroughBackend, clean_scores
 
@@ -40,8 +41,8 @@ class FakeStream:
     """The slot pool's timing (see sampling/slot_pool.py): ``slots`` rows; a rollout's first token comes
     with its insert, then ``chunk`` tokens a chunk; finished rollouts are delivered one chunk late."""
 
-    def __init__(self, backend, seed: int):
-        self.backend, self.seed = backend, seed
+    def __init__(self, backend, seed: int, lagged: bool = True):
+        self.backend, self.seed, self.lagged = backend, seed, lagged
         self.queue = collections.deque()
         self.occupant = [None] * backend.slots
         self.harvests = collections.deque()
@@ -68,7 +69,7 @@ class FakeStream:
             self.harvests.append([(s, o) for s, o in enumerate(self.occupant) if o is not None and o[1] >= o[0][3]])
             self.chunks += 1
         out = []
-        while len(self.harvests) > (1 if dispatched else 0):
+        while len(self.harvests) > (1 if dispatched and self.lagged else 0):
             for slot, o in self.harvests.popleft():
                 if self.occupant[slot] is o:
                     out.append(o[0][:3])
@@ -107,8 +108,8 @@ class ForgetfulStore:
 class FakeBackend(PassThroughBackend):
     """Rollouts are (group key, prompt, index, seed); ``length(rollout)`` tokens each; reward :func:`reward_of`."""
 
-    def __init__(self, length, slots: int = 100_000, chunk: int = 8, lookahead: int = 32):
-        self.length, self.slots, self.chunk, self.lookahead = length, slots, chunk, lookahead
+    def __init__(self, length, slots: int = 100_000, chunk: int = 8, lookahead: int = 32, harvest: str = "lagged"):
+        self.length, self.slots, self.chunk, self.lookahead, self.harvest = length, slots, chunk, lookahead, harvest
         self.trained_lengths = []
         self.recorded = set()  # group keys with trajectories recorded (the machine requested them)
         self.discarded_recorded = set()  # of those, keys the event loop told the store to forget
@@ -124,8 +125,8 @@ class FakeBackend(PassThroughBackend):
     def record(self, requests, rollouts, table, rows):
         self.recorded.update(r.group_key for r in requests)
 
-    def stream(self, params, seed):
-        return FakeStream(self, seed)
+    def stream(self, params, seed, lagged=True):
+        return FakeStream(self, seed, lagged)
 
     def prompt_ids(self, prompt: int) -> list[int]:
         """Prompt ids: the harder the prompt (the lower ``prompt % 11``), the longer."""
@@ -187,11 +188,12 @@ def _decisions(step: dict, any_order: bool) -> dict:
     return out
 
 
+@pytest.mark.parametrize("harvest", ["lagged", "at_once"])
 @pytest.mark.parametrize("method", list(METHODS))
-def test_equal_lengths_make_round_mode_decisions(method):
+def test_equal_lengths_make_round_mode_decisions(method, harvest):
     allocation, ps = METHODS[method]
     rounds = run_steps(collect_rollouts, allocation, ps, FakeBackend(length=lambda rollout: 6, chunk=6))
-    backend = FakeBackend(length=lambda rollout: 6, chunk=6)
+    backend = FakeBackend(length=lambda rollout: 6, chunk=6, harvest=harvest)
     events = run_steps(collect_rollouts_events, allocation, ps, backend)
     any_order = Allocator(allocation, ps, PROMPTS).retires_in_any_order
     for r, e in zip(rounds, events):
@@ -206,8 +208,8 @@ def test_equal_lengths_make_round_mode_decisions(method):
                    for e in events) > 0
 
 
-@pytest.mark.parametrize("slots", [100_000, 24])
-def test_no_length_bias_ds_trains_round_mode_groups(slots):
+@pytest.mark.parametrize("slots,harvest", [(100_000, "lagged"), (24, "lagged"), (24, "at_once")])
+def test_no_length_bias_ds_trains_round_mode_groups(slots, harvest):
     """The easier the prompt, the shorter its answers (and a wrong answer 5 tokens longer): the first valid
     groups to *finish* are the easiest, yet DS in the engine must train the groups round mode trains
     (its first B valid in opening order)."""
@@ -218,7 +220,7 @@ def test_no_length_bias_ds_trains_round_mode_groups(slots):
     allocation = AllocationConfig(method="ds", num_prompts=B, group_size=N)
     rounds = run_steps(collect_rollouts, allocation, PrefixSamplingConfig(), FakeBackend(length, chunk=2), steps=4)
     events = run_steps(collect_rollouts_events, allocation, PrefixSamplingConfig(),
-                       FakeBackend(length, slots=slots, chunk=2), steps=4)
+                       FakeBackend(length, slots=slots, chunk=2, harvest=harvest), steps=4)
     for r, e in zip(rounds, events):
         assert [g[:3] for g in e["groups"]] == [g[:3] for g in r["groups"]]
     assert sum(e["engine"]["rollouts/aborted"] for e in events) > 0  # groups not needed were cut short
@@ -290,8 +292,8 @@ def test_uniform_allocation_starts_the_longest_prompts_first(monkeypatch):
     started = []
 
     class Recording(FakeBackend):
-        def stream(self, params, seed):
-            stream = FakeStream(self, seed)
+        def stream(self, params, seed, lagged=True):
+            stream = FakeStream(self, seed, lagged)
             add = stream.add
             stream.add = lambda request, tag: (started.append(len(self.prompt_ids(request.prompt_id))),
                                                add(request, tag))
@@ -350,3 +352,29 @@ def test_sara_fill_starts_sure_next_requests_before_other_guesses(monkeypatch):
         assert {**_decisions(a, any_order=True), "rounds": 0} == {**_decisions(b, any_order=True), "rounds": 0}
     chunks = [sum(x["engine"]["sampler_calls"] for x in run_) for run_ in (sure, blind)]
     assert chunks[0] < chunks[1], chunks
+
+
+def test_harvest_auto_lags_only_where_the_machine_runs_apart_or_decides_at_the_start():
+    """``sampling.harvest: auto``: a CPU-only run's machine shares the decoding device, whose programs run in
+    dispatch order, so a method that decides per event harvests at once; beside an accelerator (the
+    machine on the host: ``StepRun.apart``) or where every request is made at the start, lagged. At once,
+    SARA fill needs fewer chunks a step, making the same decisions (answers of different lengths here)."""
+    apart, shared = types.SimpleNamespace(apart=True), types.SimpleNamespace(apart=False)
+    assert harvest_lagged("auto", apart, decides_at_start=False)
+    assert harvest_lagged("auto", shared, decides_at_start=True)
+    assert not harvest_lagged("auto", shared, decides_at_start=False)
+    assert harvest_lagged("lagged", shared, False) and not harvest_lagged("at_once", apart, True)
+    allocator = Allocator(*METHODS["sara_fill"], num_prompts=PROMPTS)
+    assert not allocator.start_step(allocator.init(jax.random.PRNGKey(0))).apart  # a CPU-only run
+
+    def length(rollout):
+        return 3 + rollout[1] % 7
+
+    runs = {h: run_steps(collect_rollouts_events, *METHODS["sara_fill"], FakeBackend(length, slots=24, chunk=2,
+                                                                                      harvest=h))
+            for h in ("lagged", "at_once", "auto")}
+    for lagged, at_once in zip(runs["lagged"], runs["at_once"]):
+        # The same decisions; only how the harvests group them into events (rounds deep) differs.
+        assert ({**_decisions(lagged, True), "rounds": 0} == {**_decisions(at_once, True), "rounds": 0})
+    chunks = {h: sum(step["engine"]["sampler_calls"] for step in steps) for h, steps in runs.items()}
+    assert chunks["at_once"] < chunks["lagged"] and chunks["auto"] == chunks["at_once"], chunks

@@ -22,9 +22,9 @@ CONTEXTS = [Context(RNG.integers(3, 64, n).tolist(), num_samples=k, context_id=1
             for i, (n, k, f, b) in enumerate([(3, 3, 0, 8), (9, 2, 4, 5), (6, 4, 0, 8), (12, 2, 1, 3)])]
 
 
-def engine_rollouts(sampler: Sampler, seed: int, rows: int = 8, chunk: int = 3):
+def engine_rollouts(sampler: Sampler, seed: int, rows: int = 8, chunk: int = 3, lagged: bool = True):
     """{(context id, sample index): Finished} of every context, the later ones added every other chunk."""
-    pool = SlotEngine(sampler, rows=rows, chunk=chunk).pool(sampler.kv_store(), seed=seed)
+    pool = SlotEngine(sampler, rows=rows, chunk=chunk).pool(sampler.kv_store(), seed=seed, lagged=lagged)
     pending, got = list(CONTEXTS), {}
     while pending or not pool.idle:
         if pending and pool.chunks % 2 == 0:
@@ -36,12 +36,13 @@ def engine_rollouts(sampler: Sampler, seed: int, rows: int = 8, chunk: int = 3):
     return pool, got
 
 
-@pytest.mark.parametrize("cfg", [GREEDY, SAMPLE], ids=["greedy", "sampled"])
-def test_engine_tokens_equal_round_mode(cfg):
+@pytest.mark.parametrize("cfg,lagged", [(GREEDY, True), (SAMPLE, True), (SAMPLE, False)],
+                         ids=["greedy", "sampled", "sampled-at-once"])
+def test_engine_tokens_equal_round_mode(cfg, lagged):
     sampler = Sampler(tiny_model(), cfg, eos_id=EOS)
     sampler.reserve_store(8, 32)
     rounds = sampler.generate(CONTEXTS, seed=5, store=sampler.kv_store())
-    pool, got = engine_rollouts(sampler, seed=5)
+    pool, got = engine_rollouts(sampler, seed=5, lagged=lagged)
     assert pool.chunks > 4 and pool.inserts >= 4 and 0 < pool.utilization < 1
     assert len(got) == len(rounds.lengths) == sum(c.num_samples for c in CONTEXTS)
     for row, ci in enumerate(rounds.context_index):
@@ -79,3 +80,25 @@ def test_the_pool_refills_as_the_simulators_model_of_it_does():
     while not model.idle:
         modelled.append([(tag, index, lengths[key]) for tag, index, key in model.advance()])
     assert real == modelled and pool.chunks == model.chunks
+
+
+def test_a_pool_harvesting_at_once_delivers_a_rollout_with_the_chunk_it_ends_in():
+    """``lagged=False`` (``sampling.harvest``): each ``advance`` returns what its own chunk finished, so
+    the last rollout comes back with the last chunk; a lagged pool needs one more ``advance`` to read it
+    (and, not knowing its rows are done, dispatches one more chunk first). Both deliver the same rollouts."""
+    sampler = Sampler(tiny_model(), SAMPLE, eos_id=EOS)
+    sampler.reserve_store(8, 32)
+    delivered = {}
+    for lagged in (True, False):
+        pool = SlotEngine(sampler, rows=8, chunk=3).pool(sampler.kv_store(), seed=5, lagged=lagged)
+        pool.add(CONTEXTS[0], tag=0)
+        calls = []
+        while not pool.idle:
+            calls.append([(f.sample_index, tuple(f.ids)) for f in pool.advance()])
+        delivered[lagged] = sorted(x for call in calls for x in call)
+        assert len(calls) == pool.chunks + (1 if lagged else 0), lagged
+        if not lagged:  # a rollout comes back with the chunk of its last token; the last with the last chunk
+            assert calls[-1]
+            ends = {index: max(1, -(-(len(ids) - 1) // 3)) for index, ids in delivered[lagged]}
+            assert {i: n for n, call in enumerate(calls, 1) for i, _ in call} == ends
+    assert delivered[True] == delivered[False] and len(delivered[True]) == 3

@@ -124,6 +124,7 @@ class PoolModel:
 
 class TableBackend(PassThroughBackend):
     """Rollout (prompt, index) scores rewards[prompt, index] after lengths[prompt, index] tokens."""
+    harvest = "lagged"  # the simulator models an accelerator's run: the machine on the host
 
     def __init__(self, rewards, lengths, slots, chunk):
         self.rewards, self.lengths, self.slots, self.chunk = rewards, lengths, slots, chunk
@@ -135,7 +136,8 @@ class TableBackend(PassThroughBackend):
     def record(self, requests, rollouts, table, rows):
         pass
 
-    def stream(self, params, seed):
+    def stream(self, params, seed, lagged=True):
+        assert lagged
         return PoolModel(self, self.slots, self.chunk)
 
 

@@ -32,7 +32,7 @@ from passrate_jax.allocation.protocol import (AllocatorState, Prefix, Request, R
                                               state_from_dict, state_to_dict)
 from passrate_jax.allocation.replay import PLACEMENTS, TIMINGS
 from passrate_jax.allocation.selection import METHODS, selection_init
-from passrate_jax.allocation.step import StepRun
+from passrate_jax.allocation.step import StepRun, decision_device
 
 __all__ = ["Allocator", "AllocatorState", "Prefix", "Request", "Result", "StepResult", "TrainGroup",
            "state_from_dict", "state_to_dict", "init_state", "knobs_from_config", "make_setup"]
@@ -140,5 +140,7 @@ class Allocator:
         return init_state(self.setup, key)
 
     def start_step(self, state: AllocatorState) -> StepRun:
-        """Begin a step; returns its :class:`StepRun` (requests / observe / finish)."""
-        return StepRun(self.setup, self.knobs, state)
+        """Begin a step; returns its :class:`StepRun` (requests / observe / finish). Where the state lives on
+        an accelerator, its machine runs on the host's CPU (:func:`~.step.decision_device`), so that its
+        decisions do not queue behind the decoding."""
+        return StepRun(self.setup, self.knobs, state, decision_device(state))

@@ -42,6 +42,26 @@ class Lookahead:
     group_size: int
 
 
+def decision_device(state) -> jax.Device | None:
+    """Where a step's machine should run: this host's first CPU device when ``state`` lives on an
+    accelerator, else None (where the state is). Why: a device runs its programs in the order they were
+    dispatched, so the machine's small programs, dispatched on the decoding device, would wait behind
+    the decode chunk in flight and the host would decide only when that chunk is done; on the host's CPU
+    they run while the accelerator decodes. A CPU-only run decodes on its CPU devices (however many it
+    was started with), so none is apart from the decoding and the machine stays with the state: the same
+    rule on every layout, so that one host and several decide alike."""
+    return host_cpu_beside({d for leaf in jax.tree.leaves(state) if isinstance(leaf, jax.Array)
+                            for d in leaf.devices()})
+
+
+def host_cpu_beside(devices) -> jax.Device | None:
+    """:func:`decision_device`'s rule on the state's devices: this host's first CPU device where none of
+    them is a CPU device, else None."""
+    if not devices or any(d.platform == "cpu" for d in devices):
+        return None
+    return jax.local_devices(backend="cpu")[0]
+
+
 def _prefix(t, g: int) -> Prefix | None:
     """The replayed prefix of row ``g`` of a host copy of the table (None for a fresh group)."""
     if t.bucket[g] < 0:
@@ -53,9 +73,17 @@ class StepRun:
     """One step. Round mode: call :meth:`requests` and :meth:`observe` alternately until :meth:`requests`
     returns [], then :meth:`finish`. Event mode (requests in flight while others are observed): call
     :meth:`issue` (new requests, possibly none) after every :meth:`observe_some`, until :attr:`done`;
-    requests still outstanding then are aborted by :meth:`finish`."""
+    requests still outstanding then are aborted by :meth:`finish`.
 
-    def __init__(self, setup: Setup, knobs: Knobs, state: AllocatorState):
+    ``device``: where the machine runs (:func:`decision_device`; :attr:`apart`: not where the state
+    lives); :meth:`finish` returns the state to where it came from, so the run's persistent state never
+    moves."""
+
+    def __init__(self, setup: Setup, knobs: Knobs, state: AllocatorState, device: jax.Device | None = None):
+        self._home, self.apart = None, device is not None
+        if device is not None:
+            self._home = jax.tree.map(lambda x: x.sharding if isinstance(x, jax.Array) else None, state)
+            state, knobs = jax.device_put((state, knobs), device)
         self.setup, self.knobs = setup, knobs
         self.state, self.table = _begin(setup, knobs, state)
         self.outstanding: dict[int, tuple[int, Request]] = {}
@@ -175,4 +203,6 @@ class StepRun:
         result = StepResult(groups=groups, rollouts_spent=int(t.spent), rounds=int(t.rounds), abandoned=abandoned,
                             retained_keys=retained, replay_successes=np.asarray(t.replay_successes, float),
                             replay_rollouts=np.asarray(t.replay_rollouts, float))
+        if self._home is not None:
+            state = jax.device_put(state, self._home)
         return result, state

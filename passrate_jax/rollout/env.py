@@ -67,10 +67,10 @@ class EnvRollouts(StepKV):
     def __init__(self, env: Environment, task: Callable[[int], EnvTask], prompt_ids: Callable[[int], list[int]],
                  codec: TurnCodec, sampler: Sampler | None, *, max_turns: int, max_len: int, turn_tokens: int,
                  pad_id: int, success_threshold: float = 0.5, width_buckets: Sequence[int] = WIDTH_BUCKETS,
-                 slots: int = 64, chunk_tokens: int = 8):
+                 slots: int = 64, chunk_tokens: int = 8, harvest: str = "auto"):
         self.env, self.task, self.prompt_ids, self.codec, self.sampler = env, task, prompt_ids, codec, sampler
         self.max_turns, self.max_len, self.turn_tokens = max_turns, max_len, turn_tokens
-        self.slots, self.chunk_tokens, self._engine = slots, chunk_tokens, None
+        self.slots, self.chunk_tokens, self.harvest, self._engine = slots, chunk_tokens, harvest, None
         self.success_threshold = float(success_threshold)
         self.store = TrajectoryStore(EnvKind(), prompt_ids, pad_id=pad_id, width_buckets=width_buckets)
 
@@ -105,7 +105,7 @@ class EnvRollouts(StepKV):
         bounds = np.cumsum([0] + [s.num_samples for s in starts])
         return [flat[lo:hi] for lo, hi in zip(bounds[:-1], bounds[1:])]
 
-    def stream(self, params, seed: int) -> EnvStream:
+    def stream(self, params, seed: int, lagged: bool = True) -> EnvStream:
         """The step's decode slots (the slot engine, built on first use): rows of the model's positions,
         a turn ending at a newline as in round mode."""
         if self._engine is None:
@@ -116,7 +116,7 @@ class EnvRollouts(StepKV):
             self._engine = SlotEngine(self.sampler, rows=self.slots, chunk=self.chunk_tokens, length=length,
                                       cfg=turn_cfg)
         return EnvStream(self._engine, self.step_store(params), seed, self.codec, max_len=self.max_len,
-                         turn_tokens=self.turn_tokens)
+                         turn_tokens=self.turn_tokens, lagged=lagged)
 
     def score(self, requests: Sequence[Request], rollouts: Sequence[list[Rollout]]) -> dict[str, np.ndarray]:
         """The environment's final-state rewards: ``score`` as they are, ``reward`` the allocator's success
@@ -156,9 +156,10 @@ class EnvStream:
     continues in its row (its last token and the observation appended, the next turn keyed as round
     mode keys it), one that ended is delivered as a :class:`Rollout`."""
 
-    def __init__(self, engine: SlotEngine, store, seed: int, codec: TurnCodec, *, max_len: int, turn_tokens: int):
+    def __init__(self, engine: SlotEngine, store, seed: int, codec: TurnCodec, *, max_len: int, turn_tokens: int,
+                 lagged: bool = True):
         self.codec, self.max_len, self.turn_tokens = codec, max_len, turn_tokens
-        self.pool: SlotPool = engine.pool(store, seed=seed, on_turn=self._on_turn)
+        self.pool: SlotPool = engine.pool(store, seed=seed, on_turn=self._on_turn, lagged=lagged)
         self.rollouts: dict[tuple[object, int], Rollout] = {}
         self.ready: list[tuple[object, int]] = []  # ended before their first turn (a full context)
 

@@ -71,7 +71,8 @@ def collect_rollouts_events(allocator: Allocator, state: AllocatorState, backend
     """Run one step's allocation on ``backend.stream(params, seed)`` (see the module docstring); returns
     what :func:`~.loop.collect_rollouts` returns, with the engine's counters in ``engine``. Fresh groups'
     first requests are started ahead into free slots (:mod:`.ahead`; ``backend.lookahead`` groups at most,
-    0: none; ``backend.store.discard(keys)`` forgets a guess's trajectories)."""
+    0: none; ``backend.store.discard(keys)`` forgets a guess's trajectories). ``backend.harvest``
+    (``sampling.harvest``) says when a chunk's harvest is read (:func:`harvest_lagged`)."""
     if not hasattr(backend, "stream"):
         raise ConfigError(f"sampling.engine = 'slots': the rollout backend {type(backend).__name__} has no "
                           "stream of decode slots; set sampling.engine=rounds")
@@ -83,7 +84,8 @@ def collect_rollouts_events(allocator: Allocator, state: AllocatorState, backend
     opened, replay_buckets = [], {}
     backend.open_step(params)
     try:
-        stream = backend.stream(params, seed)
+        stream = backend.stream(params, seed, lagged=harvest_lagged(getattr(backend, "harvest", "auto"), run,
+                                                                    longest_first))
         ahead = Ahead(backend, stream, getattr(backend, "lookahead", 0))
 
         def issue() -> None:
@@ -123,6 +125,19 @@ def collect_rollouts_events(allocator: Allocator, state: AllocatorState, backend
         result = dataclasses.replace(result, groups=[g for g in result.groups if g.group_key not in unobserved])
     return StepRollouts(result, new_state, table, backend_counters, engine=counters, opened=opened,
                         replay_buckets=replay_buckets)
+
+
+def harvest_lagged(harvest: str, run, decides_at_start: bool) -> bool:
+    """Whether the stream reads a chunk's harvest after dispatching the next chunk (``sampling.harvest``).
+    auto: lagged where the machine runs apart from the decoding (``run.apart``: on the host CPU beside an
+    accelerator), so that scoring and deciding overlap the next chunk, or where the step decides
+    everything at its start (the verifier's work then overlaps the decoding and no decision waits for
+    it); at once otherwise. A device runs its programs in dispatch order, so on a CPU-only run the
+    machine's programs would wait behind the chunk in flight: lagging then delays every decision by a
+    chunk and overlaps little (docs/engine.md, "Where the machine runs, and when a harvest is read")."""
+    if harvest != "auto":
+        return harvest == "lagged"
+    return run.apart or decides_at_start
 
 
 def _start_order(started: list[tuple], backend: RolloutBackend, longest_first: bool) -> list[tuple]:

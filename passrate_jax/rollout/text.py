@@ -129,9 +129,11 @@ class TextRollouts(StepKV):
                  decode: Callable[[list[int]], str], verify: Callable[[list[int], list[str]], np.ndarray],
                  max_new_tokens: int, pad_id: int, newline_id: int | None = None, prefix_granularity: str = "tokens",
                  success_threshold: float = 0.5, width_buckets: Sequence[int] = WIDTH_BUCKETS,
-                 slots: int = 64, chunk_tokens: int = 8, lookahead: int = 0, longest_prompt: int = 1):
+                 slots: int = 64, chunk_tokens: int = 8, lookahead: int = 0, longest_prompt: int = 1,
+                 harvest: str = "auto"):
         self.sampler, self.prompt_ids, self.decode, self.verify = sampler, prompt_ids, decode, verify
         self.slots, self.chunk_tokens, self.lookahead, self._engine = slots, chunk_tokens, lookahead, None
+        self.harvest = harvest
         # The engine's rows hold the longest prompt and a whole budget (a replayed prefix is part of it).
         self.row_length = longest_prompt + max_new_tokens
         self._decode_steps = (0, 0)  # the sampler's decode counters when the step opened
@@ -199,12 +201,13 @@ class TextRollouts(StepKV):
     def _decode_counters(self) -> tuple[int, int]:
         return getattr(self.sampler, "decode_live_steps", 0), getattr(self.sampler, "decode_row_steps", 0)
 
-    def stream(self, params, seed: int) -> TextStream:
-        """The step's decode slots (the slot engine, built on first use), over the step's prefix store."""
+    def stream(self, params, seed: int, lagged: bool = True) -> TextStream:
+        """The step's decode slots (the slot engine, built on first use), over the step's prefix store;
+        ``lagged``: see :class:`~passrate_jax.sampling.slot_pool.SlotPool`."""
         if self._engine is None:
             length = max(self.sampler.store_capacity[1], bucket(self.row_length, self.sampler.cfg.context_buckets))
             self._engine = SlotEngine(self.sampler, rows=self.slots, chunk=self.chunk_tokens, length=length)
-        return TextStream(self._engine.pool(self.step_store(params), seed=seed))
+        return TextStream(self._engine.pool(self.step_store(params), seed=seed, lagged=lagged))
 
 
 class TextStream:

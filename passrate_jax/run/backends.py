@@ -20,7 +20,8 @@ def text_backend(session) -> TextRollouts:
                         newline_id=session.newline_id, prefix_granularity=cfg.prefix_sampling.granularity,
                         success_threshold=cfg.data.reward_threshold, slots=cfg.sampling.slots,
                         chunk_tokens=cfg.sampling.chunk_tokens, lookahead=cfg.sampling.lookahead,
-                        longest_prompt=max(map(len, session.prompt_tokens), default=1))
+                        longest_prompt=max(map(len, session.prompt_tokens), default=1),
+                        harvest=cfg.sampling.harvest)
 
 
 def env_backend(session) -> EnvRollouts:
@@ -33,4 +34,5 @@ def env_backend(session) -> EnvRollouts:
     return EnvRollouts(resolve_env(cfg.data.env), tasks.__getitem__, session.prompt_ids, TurnCodec(session.tokenizer),
                        session.sampler, max_turns=max_turns, max_len=max_len, turn_tokens=turn_tokens,
                        pad_id=session.tokenizer.pad_id, success_threshold=cfg.data.reward_threshold,
-                       slots=cfg.sampling.slots, chunk_tokens=cfg.sampling.chunk_tokens)
+                       slots=cfg.sampling.slots, chunk_tokens=cfg.sampling.chunk_tokens,
+                       harvest=cfg.sampling.harvest)

@@ -88,7 +88,8 @@ class _StopRequest:
 # Sections or keys a resume may change. How rollouts are decoded (the engine and its pool) is among them: both
 # engines run the same method, so a run saved in round mode (the default before 2026-12-04) resumes.
 RESUMABLE_CHANGES = ("steps", "eval_every", "eval_samples", "eval_greedy", "checkpoint", "logging", "distributed",
-                     "sampling.engine", "sampling.slots", "sampling.chunk_tokens", "sampling.lookahead")
+                     "sampling.engine", "sampling.slots", "sampling.chunk_tokens", "sampling.lookahead",
+                     "sampling.harvest")
 
 
 def resume_conflicts(cfg: Config, run_dir: str) -> list[str]:

@@ -44,6 +44,14 @@ class SamplingConfig:
                                           "into free slots, with the rest of the groups already opened, before "
                                           "the allocation asks (used only if it asks exactly that; "
                                           "docs/engine.md); 0: nothing is started ahead")
+    harvest: Literal["auto", "lagged", "at_once"] = option(
+        "auto", doc="slot engine: when a chunk's finished rollouts reach the host. lagged: after the next chunk "
+                    "is dispatched, so the device decodes while the host scores and decides (what it decides "
+                    "starts a chunk later); at_once: before it, so decisions start in the next chunk but the "
+                    "device waits for the verifier and the allocation; auto: lagged where the allocation "
+                    "runs apart from the decoding (on the host beside an accelerator) or decides everything "
+                    "at the step's start, at_once otherwise, where its programs would wait behind the chunk "
+                    "anyway (docs/engine.md)")
     generation_buckets: tuple[int, ...] = option(
         (64, 128, 256, 512, 1024, 2048), ge=1, doc="padding buckets for max new tokens (output buffer length)")
 

@@ -15,8 +15,12 @@ the host scores and decides on chunk c - 1 (JAX's asynchronous dispatch), and wh
 starts at chunk c + 1. Rollouts already queued do not wait for a decision: while the queue holds any,
 ``advance`` reads the previous chunk's harvest *before* dispatching, so a slot freed in chunk c - 1 is
 refilled in chunk c, not c + 1 (the device waits for that read and the inserts, not for the verifier,
-which still scores while chunk c runs). The lags are fixed, so which chunk a rollout starts and ends in
-depends only on the rollouts' lengths and the host's decisions, never on timing: a seed gives the same run.
+which still scores while chunk c runs). A pool made with ``lagged=False`` reads each chunk's harvest as
+soon as it is dispatched, so what the host decides on chunk c starts at chunk c + 1, and the device waits
+for the host meanwhile: the better trade where the host's decisions would wait for the chunk in flight
+anyway (the allocation's programs on the decoding device, which runs programs in dispatch order). The
+lags are fixed, so which chunk a rollout starts and ends in depends only on the rollouts' lengths and
+the host's decisions, never on timing: a seed gives the same run.
 
 Multi-turn rollouts (environments) stay in their row between turns: a pool made with ``on_turn`` asks it,
 for every finished rollout it harvests, whether to continue it (:class:`Continue`: the ids to append and
@@ -136,10 +140,11 @@ class SlotEngine:
         return state, (state.live_r, state.length_r, state.stopped_r, state.tokens_rg, state.policy_logprobs_rg,
                        state.live_steps, state.steps)
 
-    def pool(self, store: PrefixStore, *, seed: int, on_turn=None) -> SlotPool:
+    def pool(self, store: PrefixStore, *, seed: int, on_turn=None, lagged: bool = True) -> SlotPool:
         """An empty pool for one step: rollouts sample under ``store.params`` with ``seed``; ``on_turn``
-        (a finished rollout -> :class:`Continue` or None) makes its rollouts multi-turn."""
-        return SlotPool(self, store, seed, on_turn)
+        (a finished rollout -> :class:`Continue` or None) makes its rollouts multi-turn; ``lagged``: a
+        chunk's harvest is read after the next chunk is dispatched (False: at once)."""
+        return SlotPool(self, store, seed, on_turn, lagged)
 
 
 class SlotPool:
@@ -149,8 +154,8 @@ class SlotPool:
     finished rollouts)."""
 
     def __init__(self, engine: SlotEngine, store: PrefixStore, seed: int,
-                 on_turn: Callable[[Finished], Continue | None] | None = None):
-        self.engine, self.store, self.seed, self.on_turn = engine, store, int(seed), on_turn
+                 on_turn: Callable[[Finished], Continue | None] | None = None, lagged: bool = True):
+        self.engine, self.store, self.seed, self.on_turn, self.lagged = engine, store, int(seed), on_turn, lagged
         s = engine.sampler
         stop = list(dict.fromkeys(i for i in (s.eos_id, *engine.cfg.stop_token_ids) if i is not None))
         stop_ids = np.full(bucket(len(stop), (8,)), -1, np.int32)
@@ -183,7 +188,7 @@ class SlotPool:
 
     def advance(self) -> list[Finished]:
         """Start queued rollouts in free slots, dispatch one chunk, and return the rollouts that finished
-        in the chunk before it (in slot order), freeing their slots. With rollouts queued, that chunk's
+        in the chunk before it (in slot order; without ``lagged``, in this chunk), freeing their slots. With rollouts queued, that chunk's
         harvest is read before the start, so its freed slots take queued rollouts in this chunk; in a
         multi-turn pool (``on_turn``) always, so a continued rollout's next turn runs in this chunk rather
         than idling through it (the environment steps while the device waits: it must step before the turn)."""
@@ -196,7 +201,7 @@ class SlotPool:
             self.state, harvest = self.engine._chunk(self.store.params, self.state, *self._scalars[1:])
             self._harvests.append((self.chunks, harvest))
             self.chunks += 1
-        while len(self._harvests) > (1 if dispatched else 0):
+        while len(self._harvests) > (1 if dispatched and self.lagged else 0):
             out += self._read(*self._harvests.popleft())
         return out
 
