@@ -17,7 +17,9 @@ answer of L tokens is L - 1 decode steps):
   rollout in chunk c + 1. Requests retire in issue order (or, with ``Timing.any_order``, each as soon as
   it is complete: ``Allocator.retires_in_any_order``); the retired requests of one harvest are one event
   for ``observe_event``, after which ``plan_event`` issues new requests. The step ends when the machine is
-  done; rollouts still queued or in slots are aborted (counted, their tokens wasted).
+  done; rollouts still queued or in slots are aborted (counted, their tokens wasted). This is the lagged
+  harvest (``sampling.harvest``), an accelerator's run with the machine on the host; a CPU-only run
+  harvests at once where a method decides per event, which this model does not follow.
 
 Shapes are static: a list of ``G`` requests in flight (the table's rows: a row has at most one), ``S``
 slots, and at most ``max_chunks`` chunks a step (the step stops there and ``limit_hit`` says so).
