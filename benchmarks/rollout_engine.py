@@ -36,8 +36,8 @@ if "--host-device" in sys.argv:  # before JAX starts: its CPU platform's device 
 
 import jax  # noqa: E402
 
-from passrate_jax.rollout import loop as loop_module  # noqa: E402
 from passrate_jax.allocation import allocator as allocator_module  # noqa: E402
+from passrate_jax.rollout import loop as loop_module  # noqa: E402
 from passrate_jax.run import session as session_module  # noqa: E402
 from passrate_jax.run import train as train_module  # noqa: E402
 from passrate_jax.run.config import load_config  # noqa: E402

@@ -80,13 +80,18 @@ class StepRun:
     moves."""
 
     def __init__(self, setup: Setup, knobs: Knobs, state: AllocatorState, device: jax.Device | None = None):
-        self._home, self.apart = None, device is not None
+        self._home = None  # where the state lives, when the machine runs elsewhere
         if device is not None:
             self._home = jax.tree.map(lambda x: x.sharding if isinstance(x, jax.Array) else None, state)
             state, knobs = jax.device_put((state, knobs), device)
         self.setup, self.knobs = setup, knobs
         self.state, self.table = _begin(setup, knobs, state)
         self.outstanding: dict[int, tuple[int, Request]] = {}
+
+    @property
+    def apart(self) -> bool:
+        """The machine runs on another device than the one the state lives on."""
+        return self._home is not None
 
     def requests(self) -> list[Request]:
         """The next round's requests; [] when the step is over. Raises if the last round's results

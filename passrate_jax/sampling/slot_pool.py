@@ -188,10 +188,11 @@ class SlotPool:
 
     def advance(self) -> list[Finished]:
         """Start queued rollouts in free slots, dispatch one chunk, and return the rollouts that finished
-        in the chunk before it (in slot order; without ``lagged``, in this chunk), freeing their slots. With rollouts queued, that chunk's
-        harvest is read before the start, so its freed slots take queued rollouts in this chunk; in a
-        multi-turn pool (``on_turn``) always, so a continued rollout's next turn runs in this chunk rather
-        than idling through it (the environment steps while the device waits: it must step before the turn)."""
+        in the chunk before it (in slot order; without ``lagged``, in this chunk), freeing their slots.
+        With rollouts queued, that chunk's harvest is read before the start, so its freed slots take
+        queued rollouts in this chunk; in a multi-turn pool (``on_turn``) always, so a continued rollout's
+        next turn runs in this chunk rather than idling through it (the environment steps while the device
+        waits: it must step before the turn)."""
         out = []
         if (self.queue or self.on_turn is not None) and self._harvests:
             out += self._read(*self._harvests.popleft())
