@@ -10,7 +10,10 @@ evaluation only at the ends, on 64 held-out prompts). A run's first step compile
 seconds per rollout = ``time/rollout_s`` summed over steps 2..S / rollouts spent over those steps.
 Utilization and sampler calls are means over the same steps; ``trained_length`` is the mean length
 (tokens) of the answers trained on, the no-length-bias check (the engine's against round mode's).
-The ratios the issue names (37, "What it must show") are printed under ``ratios``.
+The ratios the issue names (37, "What it must show") are printed under ``ratios``; ``chunk_ratios``
+compares chunks (sampler calls) per rollout spent the same way: a count, the same under any machine
+load, which bounds the seconds ratio where a chunk costs the same in every method (on this CPU each
+costs all its rows, live or not), so a method's seconds ratio can go below it only by less host work.
 
 ``--host-device`` emulates an accelerator beside its host on this CPU: the process gets two CPU devices,
 every run's mesh is the first, and the allocation machine runs on the second, as it runs on the host's
@@ -96,6 +99,7 @@ def run_one(method: str, engine: str, seed: int, steps: int, extra: list[str], b
             "s_per_rollout": seconds / max(spent, 1), "rollout_s_per_step": seconds / max(len(records), 1),
             "rollouts_per_step": spent / max(len(records), 1), "generated_per_step": generated / max(len(records), 1),
             "sampler_calls_per_step": mean("sampler_calls"),
+            "chunks_per_rollout": sum(r["sampler_calls"] for r in records) / max(spent, 1),
             "slot_utilization": mean("slot_utilization"), "aborted_per_step": mean("rollouts/aborted"),
             "wasted_tokens_per_step": mean("tokens/wasted"), "speculative_per_step": mean("rollouts/speculative"),
             "speculative_unused_per_step": mean("rollouts/speculative_unused"),
@@ -103,11 +107,12 @@ def run_one(method: str, engine: str, seed: int, steps: int, extra: list[str], b
             "valid_group_fraction": mean("valid_group_fraction"), "wall_s": wall}
 
 
-def ratios(rows: list[dict]) -> dict:
-    """Seconds per rollout of each method and engine against GRPO's, averaged over seeds."""
+def ratios(rows: list[dict], key: str = "s_per_rollout") -> dict:
+    """``key`` (seconds per rollout by default) of each method and engine against GRPO's, each averaged
+    over seeds first."""
     spr = {}
     for r in rows:
-        spr.setdefault((r["method"], r["engine"]), []).append(r["s_per_rollout"])
+        spr.setdefault((r["method"], r["engine"]), []).append(r[key])
     spr = {k: float(np.mean(v)) for k, v in spr.items()}
     out = {}
     for (method, engine), value in spr.items():
@@ -145,7 +150,7 @@ def main(argv=None) -> int:
                 print(json.dumps(rows[-1]), file=sys.stderr if args.json else sys.stdout, flush=True)
     result = {"command": "python benchmarks/rollout_engine.py " + " ".join(sys.argv[1:] if argv is None else argv),
               "devices": [str(d) for d in jax.devices()],
-              "runs": rows, "ratios": ratios(rows)}
+              "runs": rows, "ratios": ratios(rows), "chunk_ratios": ratios(rows, "chunks_per_rollout")}
     print(json.dumps(result, indent=1) if args.json else json.dumps(result["ratios"], indent=1))
     return 0
 
