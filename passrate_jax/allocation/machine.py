@@ -9,7 +9,9 @@
 
 Event mode (the slot engine) runs the same machine with rollouts still in flight: ``plan_event`` plans
 and marks the requests in flight; ``observe_event`` observes the rows whose requests have all come in
-(one group event, or several taken together) and decides, while other rows are still being generated.
+(one group event, or several taken together) and decides, while other rows are still being generated
+(``event_step``: both, and the guesses' ``lookahead``, in one program; ``plan_and_look`` without the
+observation, for a step's first requests).
 A round is then one event: ``wave`` / ``event_wave`` count rounds as the depth of the decisions that led
 to a request, so ``max_rounds`` bounds the same thing in both modes; and the step is ``done`` only once
 no request is in flight that could still be trained (``waiting``). With every request of a round
@@ -33,8 +35,14 @@ from passrate_jax.allocation.composition import Knobs, Setup
 from passrate_jax.allocation.policies import budget_left, toward_b, trained_toward_b
 from passrate_jax.allocation.prefix_control import prefix_control_update
 from passrate_jax.allocation.selection import selection_update
-from passrate_jax.allocation.table import (DROPPED, REJECTED, TRAINED, StepTable, close_rows, draw_thompson, observed,
-                                           open_fresh, pending, shuffle_available, successes, table_init)
+from passrate_jax.allocation.table import (ABANDONED, CONFIRMED, DROPPED, REJECTED, TRAINED, StepTable, close_rows,
+                                           draw_thompson, observed, open_fresh, pending, shuffle_available, successes,
+                                           table_init)
+
+# Fresh groups guessed ahead: at most this many times the step's estimate of those it still needs
+# (:func:`fresh_needed`; None: the whole window). Guesses never change a decision; 2 leaves room for a
+# run of abandoned prompts.
+FRESH_MARGIN: float | None = 2.0
 
 
 def begin_step(setup: Setup, knobs: Knobs, state):
@@ -105,11 +113,18 @@ def lookahead(setup: Setup, knobs: Knobs, state, t: StepTable, m: int):
     - the next ``m`` (static) fresh groups the policy would open (``fresh_prompt``, ``fresh_key``,
       ``fresh_ok``, [m]; ``chunk``: a fresh group's first request): the step's prompt order is fixed and a
       new group takes the next unused key. Predicted only under selection method none (MoPPS / DPS
-      choose among a pool sized by how many a round opens);
+      choose among a pool sized by how many a round opens), and, where the step ends on B groups rather
+      than on its budget, only up to ``FRESH_MARGIN`` times the fresh groups it still needs
+      (:func:`fresh_needed`);
     - ``free``: rollouts the budget has left.
     """
     _, _, op = setup.policy.plan(setup, knobs, state, t)
     at = t.cursor + jnp.arange(m)
+    # A step whose budget is B x N or less (SARA fixed, Pilot-Commit budgeted) ends on its budget, not on
+    # B groups: there the budget's room bounds the guesses. Fill modes' budgets are a safety cap above it.
+    fills = knobs.budget > setup.B * setup.N
+    wanted = jnp.arange(m) < (m if FRESH_MARGIN is None else
+                              jnp.where(fills, FRESH_MARGIN * fresh_needed(setup, t), m))
     # Only Pilot-Commit's policy holds a pilot buffer (a commit continues a pilot under its key).
     buf = getattr(state.policy, "buffer", None)
     buf = queue_init(0, setup.N) if buf is None else buf
@@ -122,8 +137,25 @@ def lookahead(setup: Setup, knobs: Knobs, state, t: StepTable, m: int):
             & ~t.done,
             "fresh_prompt": t.order[jnp.minimum(at, t.order.shape[0] - 1)],
             "fresh_key": t.key_base + t.opened + jnp.arange(m, dtype=jnp.int32),
-            "fresh_ok": (at < t.num_available) & (knobs.selection == 0) & ~t.done,
+            "fresh_ok": (at < t.num_available) & (knobs.selection == 0) & ~t.done & wanted,
             "chunk": op.chunk, "free": budget_left(knobs, t)}
+
+
+def fresh_needed(setup: Setup, t: StepTable):
+    """About how many more fresh groups the step opens before B groups are trained (float32): B less the
+    groups sure to be (trained, or confirmed on mixed outcomes), less the other pending groups times the
+    step's rate of success so far (sure groups over those and the groups abandoned or dropped,
+    Laplace-smoothed), over that rate. Guessing far past it decoded groups the step never opened: on
+    SARA fill, about a third of the rollouts it decoded (docs/engine.md, *Fresh guesses as many as the
+    step needs*). Used where the step ends on B groups, not on its budget (:func:`lookahead`)."""
+    toward = pending(t) & toward_b(setup, t)
+    s = successes(t)
+    mixed = (t.status == CONFIRMED) & (s > 0) & (s < t.n)  # SARA's and a kept pilot's; DS's wait for theirs
+    sure = trained_toward_b(setup, t) + jnp.sum(toward & mixed)
+    unsure = jnp.sum(toward & ~mixed)
+    failed = jnp.sum((t.closed == ABANDONED) | (t.closed == DROPPED))
+    rate = (sure + 1.0) / (sure + failed + 2.0)
+    return jnp.maximum(setup.B - sure - unsure * rate, 0.0) / rate
 
 
 def next_request(setup: Setup, knobs: Knobs, n, s, waiting, probes):
@@ -143,6 +175,23 @@ def observe_event(setup: Setup, knobs: Knobs, state, t: StepTable, rewards, obse
     ``observed``; rows still in flight are left as they are."""
     t = t.replace(chunk=jnp.where(rows, t.inflight, 0), inflight=jnp.where(rows, 0, t.inflight))
     return observe_round(setup, knobs, state, t, rewards, observed)
+
+
+def event_step(setup: Setup, knobs: Knobs, state, t: StepTable, rewards, observed, rows, m: int):
+    """One group event as one program: :func:`observe_event`, then :func:`plan_and_look`. The same
+    functions the host would call one by one, so the same decisions; the host makes one round trip an
+    event instead of three. Returns (state, table, chunk, lookahead)."""
+    state, t = observe_event(setup, knobs, state, t, rewards, observed, rows)
+    return plan_and_look(setup, knobs, state, t, m)
+
+
+def plan_and_look(setup: Setup, knobs: Knobs, state, t: StepTable, m: int):
+    """:func:`plan_event` unless the step is done (then no request: chunk all 0), then the
+    :func:`lookahead` of ``m`` (static) fresh groups from the planned table, as one program. Returns
+    (state, table, chunk, lookahead)."""
+    state, t, chunk = jax.lax.cond(t.done, lambda s, u: (s, u, jnp.zeros_like(u.chunk)),
+                                   lambda s, u: plan_event(setup, knobs, s, u), state, t)
+    return state, t, chunk, lookahead(setup, knobs, state, t, m)
 
 
 def observe_round(setup: Setup, knobs: Knobs, state, t: StepTable, rewards, observed):

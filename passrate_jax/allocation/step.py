@@ -10,8 +10,8 @@ import jax
 import numpy as np
 
 from passrate_jax.allocation.group_queue import GroupQueue
-from passrate_jax.allocation.machine import (begin_step, finish_step, lookahead, next_request, observe_event,
-                                             observe_round, plan_event, plan_round)
+from passrate_jax.allocation.machine import (begin_step, event_step, finish_step, lookahead, next_request,
+                                             observe_event, observe_round, plan_and_look, plan_event, plan_round)
 from passrate_jax.allocation.composition import Knobs, Setup
 from passrate_jax.allocation.protocol import AllocatorState, Prefix, Request, Result, StepResult, TrainGroup
 from passrate_jax.allocation.table import ABANDONED, successes
@@ -25,6 +25,8 @@ _plan_event = jax.jit(plan_event, static_argnums=0)
 _observe_event = jax.jit(observe_event, static_argnums=0)
 _lookahead = jax.jit(lookahead, static_argnums=(0, 4))
 _next_request = jax.jit(next_request, static_argnums=0)
+_event_step = jax.jit(event_step, static_argnums=(0, 7))
+_plan_and_look = jax.jit(plan_and_look, static_argnums=(0, 4))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,7 +75,8 @@ class StepRun:
     """One step. Round mode: call :meth:`requests` and :meth:`observe` alternately until :meth:`requests`
     returns [], then :meth:`finish`. Event mode (requests in flight while others are observed): call
     :meth:`issue` (new requests, possibly none) after every :meth:`observe_some`, until :attr:`done`;
-    requests still outstanding then are aborted by :meth:`finish`.
+    requests still outstanding then are aborted by :meth:`finish`. :meth:`observe_and_issue` is the two
+    in one round trip (and the next :meth:`lookahead` comes with it).
 
     ``device``: where the machine runs (:func:`decision_device`; :attr:`apart`: not where the state
     lives); :meth:`finish` returns the state to where it came from, so the run's persistent state never
@@ -87,6 +90,7 @@ class StepRun:
         self.setup, self.knobs = setup, knobs
         self.state, self.table = _begin(setup, knobs, state)
         self.outstanding: dict[int, tuple[int, Request]] = {}
+        self._ahead: tuple[int, dict] | None = None  # (m, a host copy of lookahead(m)) of the current table
 
     @property
     def apart(self) -> bool:
@@ -130,12 +134,33 @@ class StepRun:
         """The step needs no more requests and waits for none of those in flight (event mode)."""
         return bool(self.table.done)
 
-    def issue(self) -> list[Request]:
-        """Event mode: the requests the machine makes now (none once :attr:`done`), marked in flight."""
+    def issue(self, m: int = 0) -> list[Request]:
+        """Event mode: the requests the machine makes now (none once :attr:`done`), marked in flight; with
+        ``m``, :meth:`lookahead` ``(m)`` of the table after them comes in the same round trip."""
         if self.done:
             return []
+        if m > 0:
+            self.state, self.table, chunk, ahead = _plan_and_look(self.setup, self.knobs, self.state, self.table, m)
+            t, a = jax.device_get((self.table.replace(chunk=chunk), ahead))
+            self._ahead = (m, a)
+            return self._mark_issued(t)
         self.state, self.table, chunk = _plan_event(self.setup, self.knobs, self.state, self.table)
-        t = jax.device_get(self.table.replace(chunk=chunk))
+        self._ahead = None
+        return self._mark_issued(jax.device_get(self.table.replace(chunk=chunk)))
+
+    def observe_and_issue(self, results: list[Result], m: int) -> list[Request]:
+        """Event mode: :meth:`observe_some` then :meth:`issue`, and :meth:`lookahead` ``(m)`` of the table
+        after it, in one program and one copy to the host (``machine.event_step``); the next
+        ``lookahead(m)`` before another change is that copy."""
+        rewards, observed, rows = self._event_outcomes(results)
+        self.state, self.table, chunk, ahead = _event_step(self.setup, self.knobs, self.state, self.table, rewards,
+                                                           observed, rows, m)
+        t, a = jax.device_get((self.table.replace(chunk=chunk), ahead))
+        self._ahead = (m, a)
+        return [] if t.done else self._mark_issued(t)
+
+    def _mark_issued(self, t) -> list[Request]:
+        """The requests of a host copy of the table (rows with chunk > 0), marked outstanding."""
         reqs = []
         for g in np.nonzero(t.chunk)[0]:
             req = Request(int(t.key[g]), int(t.prompt[g]), int(t.chunk[g]), int(t.n[g]), _prefix(t, g))
@@ -148,7 +173,9 @@ class StepRun:
         to start ahead (a guess is used only if the machine makes that very request)."""
         if self.done:
             return Lookahead([], [], [], 0, self.setup.N)
-        a = jax.device_get(_lookahead(self.setup, self.knobs, self.state, self.table, m))
+        if self._ahead is None or self._ahead[0] != m:
+            self._ahead = (m, jax.device_get(_lookahead(self.setup, self.knobs, self.state, self.table, m)))
+        a = self._ahead[1]
         n, opened = self.setup.N, np.nonzero(a["ok"])[0]
         sure = [Request(int(a["key"][g]), int(a["prompt"][g]), int(a["size"][g]), int(a["first"][g]))
                 for g in opened if a["size"][g] > 0]
@@ -170,6 +197,13 @@ class StepRun:
 
     def observe_some(self, results: list[Result]) -> None:
         """Event mode: observe these outstanding requests (one event; the others stay in flight), then decide."""
+        rewards, observed, rows = self._event_outcomes(results)
+        self.state, self.table = _observe_event(self.setup, self.knobs, self.state, self.table, rewards, observed,
+                                                rows)
+        self._ahead = None
+
+    def _event_outcomes(self, results: list[Result]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``observe_event``'s rewards, observed and rows of these outstanding requests (popped)."""
         g_rows, n = self.table.capacity, self.setup.N
         rewards, observed, rows = np.zeros((g_rows, n), np.int8), np.ones((g_rows,), bool), np.zeros((g_rows,), bool)
         key, inflight = jax.device_get((self.table.key, self.table.inflight))
@@ -180,8 +214,7 @@ class StepRun:
                 raise ValueError(f"result for group {res.group_key} does not match an outstanding request")
             rewards[at[0], req.first_index:req.first_index + req.num_rollouts] = res.rewards
             observed[at[0]], rows[at[0]] = res.observed, True
-        self.state, self.table = _observe_event(self.setup, self.knobs, self.state, self.table, rewards, observed,
-                                                rows)
+        return rewards, observed, rows
 
     def finish(self, abort: bool = False) -> tuple[StepResult, AllocatorState]:
         """End the step: fold its outcomes into the persistent state; returns the groups to train on
@@ -189,7 +222,7 @@ class StepRun:
         spent; their groups, still pending, are not trained)."""
         if self.outstanding and not abort:
             raise RuntimeError("finish() with outstanding requests")
-        self.outstanding = {}
+        self.outstanding, self._ahead = {}, None
         state, table = _finish(self.setup, self.knobs, self.state, self.table)
         t = jax.device_get(table)
         if t.overflow:

@@ -88,8 +88,10 @@ def collect_rollouts_events(allocator: Allocator, state: AllocatorState, backend
                                                                     longest_first))
         ahead = Ahead(backend, stream, getattr(backend, "lookahead", 0))
 
-        def issue() -> None:
-            requests = run.issue()
+        def issue(requests: list | None = None) -> None:
+            """Serve the machine's new requests (``run.issue``'s unless given): claim guesses, queue the
+            rest, then top the guesses up."""
+            requests = run.issue(ahead.window) if requests is None else requests
             note_requests(requests, opened, replay_buckets)
             claimed = [ahead.claim(req) for req in requests]
             started = []
@@ -111,8 +113,7 @@ def collect_rollouts_events(allocator: Allocator, state: AllocatorState, backend
                 _score(backend, stream, by_key, ahead, stream.advance())
                 retired = _take_retired(order, any_order)
             if retired:
-                run.observe_some(_retire(backend, table, retired))
-                issue()
+                issue(run.observe_and_issue(_retire(backend, table, retired), ahead.window))
             else:
                 ahead.top_up(run)  # slots freed by the harvest: more guesses while the machine waits
             if not retired and stream.idle:
