@@ -141,9 +141,7 @@ class StepRun:
             return []
         if m > 0:
             self.state, self.table, chunk, ahead = _plan_and_look(self.setup, self.knobs, self.state, self.table, m)
-            t, a = jax.device_get((self.table.replace(chunk=chunk), ahead))
-            self._ahead = (m, a)
-            return self._mark_issued(t)
+            return self._mark_issued(self._fetch_planned(chunk, ahead, m))
         self.state, self.table, chunk = _plan_event(self.setup, self.knobs, self.state, self.table)
         self._ahead = None
         return self._mark_issued(jax.device_get(self.table.replace(chunk=chunk)))
@@ -155,9 +153,15 @@ class StepRun:
         rewards, observed, rows = self._event_outcomes(results)
         self.state, self.table, chunk, ahead = _event_step(self.setup, self.knobs, self.state, self.table, rewards,
                                                            observed, rows, m)
+        t = self._fetch_planned(chunk, ahead, m)
+        return [] if t.done else self._mark_issued(t)
+
+    def _fetch_planned(self, chunk, ahead: dict, m: int):
+        """A host copy of the table with its new requests in ``chunk``, in one copy with ``ahead`` (the
+        lookahead of ``m`` computed beside them), which :meth:`lookahead` serves until the next change."""
         t, a = jax.device_get((self.table.replace(chunk=chunk), ahead))
         self._ahead = (m, a)
-        return [] if t.done else self._mark_issued(t)
+        return t
 
     def _mark_issued(self, t) -> list[Request]:
         """The requests of a host copy of the table (rows with chunk > 0), marked outstanding."""
