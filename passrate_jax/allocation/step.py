@@ -189,13 +189,17 @@ class StepRun:
                  for j in np.nonzero(a["fresh_ok"])[0]]
         return Lookahead(sure, fresh, rests, int(a["free"]), n)
 
-    def next_requests(self, n: list[int], s: list[int], waiting: list[int], probes: list[int]) -> list[int]:
+    def next_requests(self, n: list[int], s: list[int], waiting: list[int], probes: list[int],
+                      width: int = 8) -> list[int]:
         """Event mode: for fresh groups guessed ahead (``n`` rollouts, ``waiting`` of them not yet scored,
         ``s`` successes, ``probes`` requests), the request the policy will surely make next if it opens
-        them (0: none is sure; :func:`~.machine.next_request`)."""
+        them (0: none is sure; :func:`~.machine.next_request`). The arrays are padded to ``width`` (or to
+        the groups given, if more), rounded up to a power of two and at least 8: a caller that passes
+        the most groups it can ever give (its guess window) compiles one program a run, where padding
+        to each call's count compiled a new one (about 0.3 s) whenever the count first crossed 8 or 16."""
         if not n:
             return []
-        size = max(8, 1 << (len(n) - 1).bit_length())  # padded to a power of two: a handful of shapes
+        size = max(8, 1 << (max(len(n), width) - 1).bit_length())
         arrays = [np.asarray(list(v) + [0] * (size - len(v)), np.int32) for v in (n, s, waiting, probes)]
         return [int(x) for x in jax.device_get(_next_request(self.setup, self.knobs, *arrays))[:len(n)]]
 

@@ -100,7 +100,7 @@ class Ahead:
             if self._covers(key, flights[0].request.prompt_id, range(n)) and n < n_group:
                 scored = [int(f.scores[i]["reward"]) for f in flights for i in f.scores]
                 ready.append((key, flights[0].request.prompt_id, n, sum(scored), n - len(scored), len(flights)))
-        sizes = run.next_requests(*([r[i] for r in ready] for i in range(2, 6)))
+        sizes = run.next_requests(*([r[i] for r in ready] for i in range(2, 6)), width=self.window)
         return [Request(key, prompt, size, n) for (key, prompt, n, *_), size in zip(ready, sizes) if size > 0]
 
     def _not_started(self, req: Request) -> Request | None:
