@@ -91,6 +91,7 @@ class StepRun:
         self.state, self.table = _begin(setup, knobs, state)
         self.outstanding: dict[int, tuple[int, Request]] = {}
         self._ahead: tuple[int, dict] | None = None  # (m, a host copy of lookahead(m)) of the current table
+        self._host: tuple | None = None  # (a table, its host copy): the last one planned, as fetched
 
     @property
     def apart(self) -> bool:
@@ -144,7 +145,9 @@ class StepRun:
             return self._mark_issued(self._fetch_planned(chunk, ahead, m))
         self.state, self.table, chunk = _plan_event(self.setup, self.knobs, self.state, self.table)
         self._ahead = None
-        return self._mark_issued(jax.device_get(self.table.replace(chunk=chunk)))
+        t = jax.device_get(self.table.replace(chunk=chunk))
+        self._host = (self.table, t)
+        return self._mark_issued(t)
 
     def observe_and_issue(self, results: list[Result], m: int) -> list[Request]:
         """Event mode: :meth:`observe_some` then :meth:`issue`, and :meth:`lookahead` ``(m)`` of the table
@@ -160,7 +163,7 @@ class StepRun:
         """A host copy of the table with its new requests in ``chunk``, in one copy with ``ahead`` (the
         lookahead of ``m`` computed beside them), which :meth:`lookahead` serves until the next change."""
         t, a = jax.device_get((self.table.replace(chunk=chunk), ahead))
-        self._ahead = (m, a)
+        self._ahead, self._host = (m, a), (self.table, t)
         return t
 
     def _mark_issued(self, t) -> list[Request]:
@@ -214,7 +217,10 @@ class StepRun:
         """``observe_event``'s rewards, observed and rows of these outstanding requests (popped)."""
         g_rows, n = self.table.capacity, self.setup.N
         rewards, observed, rows = np.zeros((g_rows, n), np.int8), np.ones((g_rows,), bool), np.zeros((g_rows,), bool)
-        key, inflight = jax.device_get((self.table.key, self.table.inflight))
+        if self._host is not None and self._host[0] is self.table:  # the copy the last plan fetched
+            key, inflight = self._host[1].key, self._host[1].inflight
+        else:
+            key, inflight = jax.device_get((self.table.key, self.table.inflight))
         for res in results:
             _, req = self.outstanding.pop(res.group_key, (None, None))
             at = np.nonzero((key == res.group_key) & (inflight > 0))[0]
@@ -230,7 +236,7 @@ class StepRun:
         spent; their groups, still pending, are not trained)."""
         if self.outstanding and not abort:
             raise RuntimeError("finish() with outstanding requests")
-        self.outstanding, self._ahead = {}, None
+        self.outstanding, self._ahead, self._host = {}, None, None
         state, table = _finish(self.setup, self.knobs, self.state, self.table)
         t = jax.device_get(table)
         if t.overflow:
