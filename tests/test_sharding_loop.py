@@ -47,7 +47,9 @@ import sys
 import numpy as np
 import pytest
 
+from passrate_jax.run.config import load_config
 from passrate_jax.run.train import NONDETERMINISTIC_METRICS
+from passrate_jax.run.warm_start import warm_start_file
 from tests.conftest import shipped_env
 
 # configs/default.yaml cut down to level 1 and a 200-step warm start, so that a short run gets some answers
@@ -141,7 +143,7 @@ def one_device(tmp_path_factory, warm_start_cache):
     return _trace(directory, "one", 1, OVERRIDES + [f"warm_start.cache_dir={warm_start_cache}"])["default"]
 
 
-def test_one_device_run_is_the_default_preset_with_sara_and_prefix_sampling(one_device):
+def test_one_device_run_is_the_default_preset_with_sara_and_prefix_sampling(one_device, warm_start_cache):
     """The reference run itself is ``configs/default.yaml`` switched to SARA + adaptive Prefix Sampling,
     shortened by overrides only: the task's exact verifier decided (some answers right, some wrong),
     allocation ran several rounds with replayed prefixes, every step trained a finite loss, and the
@@ -159,6 +161,10 @@ def test_one_device_run_is_the_default_preset_with_sara_and_prefix_sampling(one_
     assert 0 <= records[-1]["eval_accuracy"] <= 1
     assert 0 <= records[-1]["eval_sampled_accuracy"] <= 1 and records[-1]["eval_sampled_accuracy_se"] >= 0
     assert records[-1]["compilations/sampler"] <= 4 and records[-1]["compilations/update"] == 1
+    # The warm start the run trained is where a study looks for it (run/warm_start.py::warm_start_file).
+    cfg = load_config(os.path.join(ROOT, "configs", "default.yaml"),
+                      OVERRIDES + [f"warm_start.cache_dir={warm_start_cache}"])
+    assert os.path.isfile(warm_start_file(cfg)), os.listdir(os.path.join(warm_start_cache, "warm_start"))
 
 
 # (data=2, fsdp=2, tensor=2) splits the parameters and runs in the default suite; (data=8) adds a

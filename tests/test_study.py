@@ -12,7 +12,8 @@ from passrate_jax.configlib import ConfigError
 from passrate_jax.run.metrics import read_jsonl
 from passrate_jax.study.runner import make_plan, run_study
 from passrate_jax.study.analysis import analyse
-from passrate_jax.study.methods import CLAIMS, DEFAULT_METHODS, METHODS, NEUTRAL, PS_INVESTIGATION
+from passrate_jax.study.methods import (CLAIMS, DEFAULT_METHODS, HEADLINE_METHODS, METHODS, NEUTRAL,
+                                        PS_INVESTIGATION)
 from passrate_jax.study.report import AXES, DISCUSSION_MARKER, figure, fmt_interval, gain_band, write_report
 from passrate_jax.study.stats import (factor_interval, first_reach, km_median, log_factor_bounds, mean_over,
                                       paired_interval)
@@ -40,6 +41,8 @@ def test_study_methods_match_their_presets(method):
 def test_claims_name_known_methods_and_measures():
     for c in CLAIMS:
         assert c.method in METHODS and c.baseline in METHODS and c.kind in ("factor", "above", "match")
+        # --headline-seeds gives every run a claim reads its extra seeds, so every verdict pairs them all
+        assert {c.method, c.baseline, c.premise_run} <= set(HEADLINE_METHODS), c.label
 
 
 def test_bad_study_requests_fail_before_compute(tmp_path):
@@ -334,3 +337,34 @@ def test_study_workers_exit_when_the_study_process_is_killed(tmp_path):
     if alive(worker):
         os.kill(worker, signal.SIGKILL)
         pytest.fail(f"worker {worker} outlived its study process by 20 s")
+
+
+def test_a_seed_whose_warm_start_is_not_cached_trains_it_once():
+    """``_next_job``: a run waits while a sibling of the same start (seed) runs if that start's step-0
+    evaluation is unknown, or if its warm start is not cached yet (a study extended with seeds on a machine
+    whose cache lacks them: the step-0 evaluations come from the finished runs, the warm starts do not),
+    so two workers never train one seed's warm start twice; the free worker takes another seed's run."""
+    from passrate_jax.study.runner import _next_job
+    pending = [("dps", 3), ("sara_dps", 3), ("dps", 4)]
+    keys = {("dps", 3): "k3", ("sara_dps", 3): "k3", ("dps", 4): "k4"}
+    starts = {"k3": {"eval_accuracy": 0.5}, "k4": {"eval_accuracy": 0.4}}
+    rest = pending[1:]
+    assert _next_job(pending, keys, starts, set(), cached=lambda key: False) == ("dps", 3)
+    assert _next_job(rest, keys, starts, {"k3"}, cached=lambda key: False) == ("dps", 4)
+    assert _next_job(rest, keys, starts, {"k3"}, cached=lambda key: key == "k3") == ("sara_dps", 3)
+    assert _next_job(rest, keys, {"k4": starts["k4"]}, {"k3"}) == ("dps", 4)  # k3's start still unmeasured
+    assert _next_job(rest[:1], keys, starts, {"k3"}, cached=lambda key: False) is None
+
+
+def test_every_claims_table_row_has_the_headers_columns():
+    """A quoted claim's ``|`` (``|SARA - DPS|``) is escaped in its cell: unescaped, it ended the cell, and
+    the row's later columns (measured, premise, p-values, verdict) shifted one to the right."""
+    import re
+    from passrate_jax.study.report import _claims_table
+    interval = {"n": 3, "estimate_lo": 1.0, "estimate_hi": 1.0, "ci_lo": 0.5, "ci_hi": 2.0, "kind": "factor"}
+    rows = [{"claim": c, "interval": interval, "premise": {"met": None, "text": "–"}, "p_adjusted": (1.0, 1.0),
+             "verdict": "inconclusive"} for c in CLAIMS]
+    table = [line for line in _claims_table({"claims": rows}) if line.startswith("|")]
+    cells = [len(re.findall(r"(?<!\\)\|", line)) for line in table]
+    assert any("|" in c.quote for c in CLAIMS) and len(table) == len(CLAIMS) + 2
+    assert set(cells) == {cells[0]}, [(c, line[:60]) for c, line in zip(cells, table) if c != cells[0]]

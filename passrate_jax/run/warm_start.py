@@ -13,7 +13,7 @@ from passrate_jax.envs.base import Environment
 from passrate_jax.envs.replay import TurnCodec, expert_trajectory, trajectory_tokens
 from passrate_jax.plugins import fingerprint
 from passrate_jax.run.config import Config
-from passrate_jax.run.sft import pack_example, run_warm_start
+from passrate_jax.run.sft import cache_path, pack_example, run_warm_start
 
 
 def warm_start(session, progress: bool = True) -> dict | None:
@@ -26,11 +26,26 @@ def warm_start(session, progress: bool = True) -> dict | None:
         env = resolve_env(cfg.data.env)
         return run_warm_start(cfg, session.model, session.tokenizer, progress=progress, log=session.log,
                               batches=lambda step: expert_batch(env, cfg, step, session.tokenizer),
-                              key=warm_start_key(cfg))
+                              key=_cache_extra(cfg))
     if cfg.data.source != "builtin":
         session.log("warm start: skipped (only the built-in tasks have reference solutions)")
         return None
-    return run_warm_start(cfg, session.model, session.tokenizer, progress=progress, log=session.log)
+    return run_warm_start(cfg, session.model, session.tokenizer, progress=progress, log=session.log,
+                          key=_cache_extra(cfg))
+
+
+def warm_start_file(cfg: Config) -> str | None:
+    """The file :func:`warm_start` loads ``cfg``'s warm start from, or trains it into when it is absent;
+    None when the config trains none. A study asks it to know whether a run would train a warm start
+    that a sibling run is training already."""
+    if not cfg.warm_start.enabled or cfg.warm_start.steps == 0 or cfg.data.source not in ("env", "builtin"):
+        return None
+    return cache_path(cfg, _cache_extra(cfg))
+
+
+def _cache_extra(cfg: Config) -> dict | None:
+    """The cache key's ``extra`` of ``cfg``'s warm start: an environment's settings, none for the built-in tasks."""
+    return warm_start_key(cfg) if cfg.data.source == "env" else None
 
 
 def expert_batch(env: Environment, cfg: Config, step: int, tokenizer) -> tuple[np.ndarray, np.ndarray]:

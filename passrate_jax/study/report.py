@@ -254,9 +254,16 @@ def _claims_table(analysis) -> list[str]:
         probe = row["premise"]
         mark = "" if probe["met"] is None else " (met)" if probe["met"] else " (**not met**)"
         support, against = row["p_adjusted"]
-        lines.append(f"| {c.label} | {c.source} ({c.scale}) | {c.quote} | {fmt_interval(iv, digits)} | "
-                     f"{probe['text']}{mark} | {_p(support)} / {_p(against)} | **{row['verdict']}** |")
+        lines.append(f"| {_cell(c.label)} | {_cell(c.source)} ({_cell(c.scale)}) | {_cell(c.quote)} | "
+                     f"{fmt_interval(iv, digits)} | {_cell(probe['text'])}{mark} | {_p(support)} / {_p(against)} | "
+                     f"**{row['verdict']}** |")
     return lines + [""]
+
+
+def _cell(text: str) -> str:
+    """``text`` as one Markdown table cell: a quote's ``|`` (as in ``|SARA - DPS|``) escaped, which else
+    ends the cell and shifts the row's later columns."""
+    return text.replace("|", "\\|")
 
 
 def _f(x: float, fmt: str) -> str:

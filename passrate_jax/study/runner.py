@@ -27,6 +27,7 @@ from passrate_jax.configlib import ConfigError, to_dict
 from passrate_jax.run.config import load_config
 from passrate_jax.run.metrics import read_jsonl
 from passrate_jax.run.train import train
+from passrate_jax.run.warm_start import warm_start_file
 from passrate_jax.study.analysis import analyse, load_runs
 from passrate_jax.study.methods import DEFAULT_METHODS, HEADLINE_METHODS, METHODS, NEUTRAL, PS_INVESTIGATION
 from passrate_jax.study.report import write_report
@@ -130,13 +131,16 @@ def _train_run(base_config, overrides: list[str], run_dir: str, start_metrics: d
           start_metrics=start_metrics)
 
 
-def _next_job(pending: list, keys: dict, starts: dict, running: set):
+def _next_job(pending: list, keys: dict, starts: dict, running: set, cached=lambda key: True):
     """The first pending job that can start now. A run whose start (warm start and step-0 evaluation,
-    :func:`_start_key`) is not yet measured waits while a sibling measures it, so each seed trains its
-    warm start and evaluates step 0 once; meanwhile free workers take another seed's first run."""
+    :func:`_start_key`) is not yet measured, or whose warm start is not cached (``cached(key)`` false: a
+    study extended with seeds on a machine whose cache lacks them), waits while a sibling of the same
+    start runs, so each seed trains its warm start and evaluates step 0 once; meanwhile free workers take
+    another seed's first run. (Two runs of one seed started together each trained the seed's 800-step
+    warm start, about 5 minutes of both cores, when study v4 was extended on a fresh cache.)"""
     for job in pending:
         key = keys[job]
-        if starts.get(key) is not None or key not in running:
+        if (starts.get(key) is not None and cached(key)) or key not in running:
             return job
     return None
 
@@ -162,10 +166,11 @@ def run_study(plan: StudyPlan, *, progress: bool = True, target_fraction: float 
     if progress:
         from tqdm import tqdm
         bar = tqdm(total=len(jobs_list), desc="study", unit="run", dynamic_ncols=True)
-    t0, starts, keys, pending = time.perf_counter(), {}, {}, []
+    t0, starts, keys, pending, warm_files = time.perf_counter(), {}, {}, [], {}
     for method, seed in jobs_list:
         cfg = load_config(plan.base_config, plan.config_overrides(method, seed))
         keys[method, seed], records = _start_key(cfg), _records(plan.run_dir(method, seed))
+        warm_files[keys[method, seed]] = warm_start_file(cfg)
         if _finished(records, cfg.steps):
             starts.setdefault(keys[method, seed], _start_metrics(records))
             if bar is not None:
@@ -189,7 +194,8 @@ def run_study(plan: StudyPlan, *, progress: bool = True, target_fraction: float 
 
     not_trained = [] if train else list(pending)
     if train:
-        _train_pending(jobs, pending, keys, starts, launch, finished)
+        cached = lambda key: warm_files[key] is None or os.path.exists(warm_files[key])  # noqa: E731
+        _train_pending(jobs, pending, keys, starts, launch, finished, cached)
     if bar is not None:
         bar.close()
     analysis = analyse(load_runs(plan, leave_out=not_trained), target_fraction=target_fraction, metric=metric)
@@ -220,18 +226,19 @@ def worker_pool(jobs: int):
                                   initializer=_exit_with_parent, initargs=(os.getpid(),))
 
 
-def _train_pending(jobs: int, pending: list, keys: dict, starts: dict, launch, finished) -> None:
-    """Train the pending runs: one after another in this process, or in ``jobs`` worker processes."""
+def _train_pending(jobs: int, pending: list, keys: dict, starts: dict, launch, finished, cached) -> None:
+    """Train the pending runs: one after another in this process, or in ``jobs`` worker processes
+    (``cached``: :func:`_next_job`'s)."""
     if jobs == 1:
         while pending:
             job = pending[0]
             launch(lambda fn, *args: fn(*args), job)
             finished(job)
     elif pending:
-        _run_parallel(jobs, pending, keys, starts, launch, finished)
+        _run_parallel(jobs, pending, keys, starts, launch, finished, cached)
 
 
-def _run_parallel(jobs: int, pending: list, keys: dict, starts: dict, launch, finished) -> None:
+def _run_parallel(jobs: int, pending: list, keys: dict, starts: dict, launch, finished, cached) -> None:
     """Keep ``jobs`` worker processes busy until every pending run is trained (:func:`worker_pool`); a run
     that fails stops the study with its name."""
     import concurrent.futures as cf
@@ -240,11 +247,12 @@ def _run_parallel(jobs: int, pending: list, keys: dict, starts: dict, launch, fi
         running = {}  # future -> job
         while pending or running:
             while len(running) < jobs:
-                job = _next_job(pending, keys, starts, {keys[j] for j in running.values()})
+                job = _next_job(pending, keys, starts, {keys[j] for j in running.values()}, cached)
                 if job is None:
                     break
                 running[launch(pool.submit, job)] = job
-            done, _ = cf.wait(running, return_when=cf.FIRST_COMPLETED)
+            # Woken every few seconds too: a run waiting for a sibling's warm start starts once it is cached.
+            done, _ = cf.wait(running, timeout=5, return_when=cf.FIRST_COMPLETED)
             for future in done:
                 job = running.pop(future)
                 try:
