@@ -12,8 +12,10 @@ Utilization and sampler calls are means over the same steps; ``trained_length`` 
 (tokens) of the answers trained on, the no-length-bias check (the engine's against round mode's).
 The ratios the issue names (37, "What it must show") are printed under ``ratios``; ``chunk_ratios``
 compares chunks (sampler calls) per rollout spent the same way: a count, the same under any machine
-load, which bounds the seconds ratio where a chunk costs the same in every method (on this CPU each
-costs all its rows, live or not), so a method's seconds ratio can go below it only by less host work.
+load, which bounds the seconds ratio where a chunk costs the same in every method; ``slot_step_ratios``
+compares the rows decoded per rollout (rows a chunk decodes summed over its decode steps: a narrow chunk,
+``sampling.narrow_slots``, decodes fewer than the pool's), what a chunk costs on this CPU, where each
+costs all the rows it decodes, live or not.
 
 ``--host-device`` emulates an accelerator beside its host on this CPU: the process gets two CPU devices,
 every run's mesh is the first, and the allocation machine runs on the second, as it runs on the host's
@@ -100,6 +102,8 @@ def run_one(method: str, engine: str, seed: int, steps: int, extra: list[str], b
             "rollouts_per_step": spent / max(len(records), 1), "generated_per_step": generated / max(len(records), 1),
             "sampler_calls_per_step": mean("sampler_calls"),
             "chunks_per_rollout": sum(r["sampler_calls"] for r in records) / max(spent, 1),
+            "narrow_chunks_per_step": mean("sampler_calls/narrow"),
+            "slot_steps_per_rollout": sum(r.get("slot_steps", 0) for r in records) / max(spent, 1),
             "slot_utilization": mean("slot_utilization"), "aborted_per_step": mean("rollouts/aborted"),
             "wasted_tokens_per_step": mean("tokens/wasted"), "speculative_per_step": mean("rollouts/speculative"),
             "speculative_unused_per_step": mean("rollouts/speculative_unused"),
@@ -150,7 +154,8 @@ def main(argv=None) -> int:
                 print(json.dumps(rows[-1]), file=sys.stderr if args.json else sys.stdout, flush=True)
     result = {"command": "python benchmarks/rollout_engine.py " + " ".join(sys.argv[1:] if argv is None else argv),
               "devices": [str(d) for d in jax.devices()],
-              "runs": rows, "ratios": ratios(rows), "chunk_ratios": ratios(rows, "chunks_per_rollout")}
+              "runs": rows, "ratios": ratios(rows), "chunk_ratios": ratios(rows, "chunks_per_rollout"),
+              "slot_step_ratios": ratios([r for r in rows if r["engine"] == "slots"], "slot_steps_per_rollout")}
     print(json.dumps(result, indent=1) if args.json else json.dumps(result["ratios"], indent=1))
     return 0
 

@@ -46,9 +46,10 @@ def test_default_preset_as_shipped_learns(shipped_default_run):
     steps = read_jsonl(shipped_default_run.run_dir / "metrics.jsonl")[1:]
     assert all(r["rounds"] == 1 and r["rollouts_step"] == 16 * 8 for r in steps)
     assert not any(k.startswith("ps/") for k in steps[0])
-    # Its reserved prefix store: one prefill program per context bucket (32, 64 tokens), one decode program
-    # per row bucket (64, 128 rows); the update compiles once per answer-length bucket the run meets.
-    assert last["compilations/sampler"] <= 4 and last["compilations/update"] <= 2
+    # Its reserved prefix store: one prefill program per context bucket it meets, the engine's insert, chunk
+    # and narrow chunk programs, evaluation's decode program; the update compiles once per answer-length
+    # bucket the run meets. Issue 37's bound: 6 programs in all.
+    assert last["compilations/sampler"] <= 5 and last["compilations/sampler"] + last["compilations/update"] <= 6
 
 
 def test_warm_started_run_killed_with_sigkill_resumes_exactly(shipped_default_run):

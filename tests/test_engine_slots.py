@@ -16,6 +16,7 @@ BUCKETS = dict(row_buckets=(8,), context_buckets=(16, 32), prefill_row_buckets=(
                max_new_tokens=8)
 GREEDY = SamplingConfig(temperature=0.0, **BUCKETS)
 SAMPLE = SamplingConfig(temperature=0.7, top_k=20, top_p=0.9, **BUCKETS)
+NARROW = SamplingConfig(temperature=0.7, top_k=20, top_p=0.9, narrow_slots=4, **BUCKETS)
 RNG = np.random.default_rng(1)
 CONTEXTS = [Context(RNG.integers(3, 64, n).tolist(), num_samples=k, context_id=10 + i, first_sample_index=f,
                     max_new_tokens=b)
@@ -36,8 +37,8 @@ def engine_rollouts(sampler: Sampler, seed: int, rows: int = 8, chunk: int = 3, 
     return pool, got
 
 
-@pytest.mark.parametrize("cfg,lagged", [(GREEDY, True), (SAMPLE, True), (SAMPLE, False)],
-                         ids=["greedy", "sampled", "sampled-at-once"])
+@pytest.mark.parametrize("cfg,lagged", [(GREEDY, True), (SAMPLE, True), (SAMPLE, False), (NARROW, True)],
+                         ids=["greedy", "sampled", "sampled-at-once", "sampled-narrow"])
 def test_engine_tokens_equal_round_mode(cfg, lagged):
     sampler = Sampler(tiny_model(), cfg, eos_id=EOS)
     sampler.reserve_store(8, 32)
@@ -51,6 +52,26 @@ def test_engine_tokens_equal_round_mode(cfg, lagged):
         np.testing.assert_allclose(f.policy_logprobs, rounds.policy_logprobs[row, :len(f.ids)], atol=1e-5)
     assert len(set(rounds.lengths.tolist())) > 1  # rows of different lengths: stops and budgets
     assert pool.generated == int(rounds.lengths.sum())
+    assert (pool.narrow_chunks > 0) == (cfg is NARROW)
+
+
+def test_narrow_chunks_decode_only_occupied_rows_and_count_them():
+    """``sampling.narrow_slots``: chunks dispatched while at most 4 of the 8 rows are occupied decode those
+    rows only. The same rollouts come out in the same chunks (above: each equals round mode's), the live
+    rows decoded are the same, and the rows decoded, utilization's denominator, are fewer: 4 a decode
+    step in a narrow chunk, not 8 (counting the pool's rows there fails this)."""
+    counts = {}
+    for cfg in (SAMPLE, NARROW):
+        sampler = Sampler(tiny_model(), cfg, eos_id=EOS)
+        sampler.reserve_store(8, 32)
+        pool, got = engine_rollouts(sampler, seed=5)
+        counts[cfg is NARROW] = (pool, {k: f.ids for k, f in got.items()})
+    (wide, wide_ids), (narrow, narrow_ids) = counts[False], counts[True]
+    assert narrow_ids == wide_ids and narrow.chunks == wide.chunks and wide.narrow_chunks == 0
+    assert 0 < narrow.narrow_chunks < narrow.chunks
+    assert narrow.live_steps == wide.live_steps
+    assert wide.slot_steps - narrow.slot_steps > 0 and (wide.slot_steps - narrow.slot_steps) % 4 == 0
+    assert narrow.utilization > wide.utilization
 
 
 def test_the_pool_refills_as_the_simulators_model_of_it_does():

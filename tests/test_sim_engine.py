@@ -60,6 +60,23 @@ def test_tiny_step_counted_by_hand():
     assert int(t.trained) == int(e.trained) == 1
 
 
+def test_narrow_chunks_counted_by_hand():
+    """The same answers (4, 1, 6 and 0 decode steps) in 4 slots, chunks of 2. Chunks 0 and 1 run with
+    4 slots occupied (2 steps x 4 rows each; answers 1 and 3, ended in chunk 0, are harvested after
+    chunk 1 is dispatched); chunk 2 runs answers 0 (already ended) and 2 with 2 slots occupied: with
+    ``narrow=2`` it decodes 2 rows (2 steps: 4 slot-steps), without it 4 (8); chunk 3 runs no step."""
+    allocator = Allocator(AllocationConfig(method="uniform", num_prompts=1, group_size=4), PrefixSamplingConfig(), 1)
+    state = allocator.init(jax.random.PRNGKey(0))
+    lengths, rewards = np.array([[5, 2, 7, 1]]), np.array([[1, 0, 1, 0]])
+    counted = {}
+    for narrow in (0, 2):
+        timing = Timing(slots=4, chunk=2, max_chunks=100, row_buckets=(4,), narrow=narrow)
+        _, _, engine = _stepper(run_step_events, allocator, timing)(state, rewards, lengths)
+        counted[narrow] = {k: int(engine[k]) for k in ("chunks", "slot_steps", "live_steps")}
+    assert counted == {0: {"chunks": 4, "slot_steps": 24, "live_steps": 11},
+                       2: {"chunks": 4, "slot_steps": 20, "live_steps": 11}}
+
+
 class PoolModel:
     """A host model of ``sampling/slot_pool.py``'s ``SlotPool`` for ``collect_rollouts_events``: queued
     rollouts start in the lowest free slots, a chunk decodes up to ``chunk`` steps of every live row (a

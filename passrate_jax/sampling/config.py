@@ -40,6 +40,12 @@ class SamplingConfig:
     slots: int = option(64, ge=1, doc="slot engine: decode rows in the pool (fewer than a step's rollouts, so "
                                        "that finished rows are refilled from the queue)")
     chunk_tokens: int = option(8, ge=1, doc="slot engine: decode steps between harvests (k)")
+    narrow_slots: int = option(16, ge=0, doc="slot engine: a chunk dispatched while at most this many rows are "
+                                              "occupied decodes only those rows (one more program), so a pool "
+                                              "draining at a step's end, or kept mostly empty by a budgeted "
+                                              "method, does not pay for its empty rows; 0, or at least "
+                                              "`slots`: every chunk decodes the whole pool. Used where the "
+                                              "pool's rows are not split over devices")
     lookahead: int = option(32, ge=0, doc="slot engine: fresh groups whose first request may be started ahead "
                                           "into free slots, with the rest of the groups already opened, before "
                                           "the allocation asks (used only if it asks exactly that; "

@@ -12,6 +12,8 @@ Four pure functions, JetStream's engine API in this project's terms (the host's
   stored logits, reset its output row.
 * :func:`generate_chunk` -- ``k`` one-token decode steps of every live row (k static); a row that stops
   (a stop id, or its budget) is no longer live and keeps its tokens until the host harvests it.
+  :func:`generate_chunk_rows` runs it on a given subset of the rows (a *narrow* chunk), so a pool
+  that is mostly empty does not decode its empty rows.
 * :func:`extend` -- continue rollouts in the rows they ran in (an environment's next turn): the tokens the
   row's cache lacks (its last generated token, the observation) are appended to it, and the next turn's
   first token is drawn from the logits after them, as round mode's ``Sampler.extend_live`` does.
@@ -86,7 +88,9 @@ class SlotState:
     tokens generated (the column the next one is written to). budget_r: int32 [R]. keys_r: [R] PRNG keys.
     tokens_rg / logprobs_rg / policy_logprobs_rg: [R, G] the rollout's tokens (pad after its end) and
     log-probs (sampling distribution, raw policy; 0 after its end). live_steps: int32 [] live rows summed
-    over the decode steps run (slot utilization's numerator); steps: int32 [] decode steps run.
+    over the decode steps run (slot utilization's numerator); steps: int32 [] decode steps run;
+    row_steps: int32 [] rows decoded summed over those steps (the denominator: a narrow chunk decodes
+    fewer rows than the pool holds).
     cache: KV of every row, slot == position ([layers, R, S, ...], or the per-layer decode form).
     """
     live_r: jax.Array
@@ -101,6 +105,7 @@ class SlotState:
     policy_logprobs_rg: jax.Array
     live_steps: jax.Array
     steps: jax.Array
+    row_steps: jax.Array
     cache: KVCache
 
 
@@ -116,7 +121,8 @@ def init_slots(model_cfg: ModelConfig, rows: int, slots: int, settings: ChunkSet
                      keys_r=row_keys(jnp.int32(0), zi, zi), tokens_rg=jnp.full((rows, g), pad, jnp.int32),
                      logprobs_rg=jnp.zeros((rows, g), jnp.float32),
                      policy_logprobs_rg=jnp.zeros((rows, g), jnp.float32),
-                     live_steps=jnp.zeros((), jnp.int32), steps=jnp.zeros((), jnp.int32), cache=cache)
+                     live_steps=jnp.zeros((), jnp.int32), steps=jnp.zeros((), jnp.int32),
+                     row_steps=jnp.zeros((), jnp.int32), cache=cache)
 
 
 def _put_rows(cache: KVCache, slot_i, k_lisd, v_lisd) -> KVCache:
@@ -230,10 +236,44 @@ def generate_chunk(params: nnx.State, state: SlotState, stop_ids: jax.Array, tem
         logits, cache = model(s.last_token_r[:, None], s.position_r[:, None], live[:, None], cache=s.cache,
                               layout=layout, layer_weights=layer_weights)
         s = s.replace(cache=cache, position_r=s.position_r + live, live_steps=s.live_steps + jnp.sum(live),
-                      steps=s.steps + 1)
+                      steps=s.steps + 1, row_steps=s.row_steps + r)
         keys = jax.vmap(jax.random.fold_in)(s.keys_r, s.length_r)
         drawn = sample_tokens(logits[:, 0], keys, temperature=temperature, top_k=d.top_k, top_p=d.top_p)
         return i + 1, _write(s, rows, live, *drawn, stop_ids)
 
     _, state = jax.lax.while_loop(cond, body, (jnp.zeros((), jnp.int32), state))
     return state
+
+
+_ROW_FIELDS = ("live_r", "last_token_r", "position_r", "stopped_r", "length_r", "budget_r", "keys_r", "tokens_rg",
+               "logprobs_rg", "policy_logprobs_rg")
+
+
+def _take_rows(state: SlotState, rows_q: jax.Array) -> SlotState:
+    """The pool restricted to rows ``rows_q`` (int32 [Q]), counters kept."""
+    c = state.cache
+    cache = (KVCache(k=tuple(k[rows_q] for k in c.k), v=tuple(v[rows_q] for v in c.v)) if c.is_decode_form
+             else KVCache(k=c.k[:, rows_q], v=c.v[:, rows_q]))
+    return state.replace(cache=cache, **{f: getattr(state, f)[rows_q] for f in _ROW_FIELDS})
+
+
+def _put_back(state: SlotState, sub: SlotState, rows_q: jax.Array) -> SlotState:
+    """``state`` with rows ``rows_q`` replaced by ``sub``'s rows and ``sub``'s counters."""
+    c, n = state.cache, sub.cache
+    cache = (KVCache(k=tuple(a.at[rows_q].set(b) for a, b in zip(c.k, n.k)),
+                     v=tuple(a.at[rows_q].set(b) for a, b in zip(c.v, n.v))) if c.is_decode_form
+             else KVCache(k=c.k.at[:, rows_q].set(n.k), v=c.v.at[:, rows_q].set(n.v)))
+    rows = {f: getattr(state, f).at[rows_q].set(getattr(sub, f)) for f in _ROW_FIELDS}
+    return state.replace(cache=cache, live_steps=sub.live_steps, steps=sub.steps, row_steps=sub.row_steps, **rows)
+
+
+def generate_chunk_rows(params: nnx.State, state: SlotState, rows_q: jax.Array, stop_ids: jax.Array,
+                        temperature: jax.Array, *, graphdef: nnx.GraphDef, settings: ChunkSettings,
+                        layout: Layout | None = None) -> SlotState:
+    """:func:`generate_chunk` on rows ``rows_q`` only (int32 [Q], distinct, holding every live row): their
+    KV and outputs are gathered, decoded, and written back; the other rows are untouched. A rollout's
+    tokens do not depend on its row or the rows beside it, so this decodes exactly what the full chunk
+    would, at the cost of Q rows a step instead of R."""
+    sub = generate_chunk(params, _take_rows(state, rows_q), stop_ids, temperature, graphdef=graphdef,
+                         settings=settings, layout=layout)
+    return _put_back(state, sub, rows_q)

@@ -105,7 +105,7 @@ class SlotEngine:
         self.state_shardings = core.SlotState(
             live_r=rows1, last_token_r=rows1, position_r=rows1, stopped_r=rows1, length_r=rows1, budget_r=rows1,
             keys_r=rows1, tokens_rg=rows2, logprobs_rg=rows2, policy_logprobs_rg=rows2, live_steps=replicated,
-            steps=replicated, cache=cache)
+            steps=replicated, row_steps=replicated, cache=cache)
         self._replicated = replicated
         new = core.SlotInsert(*(replicated,) * 6)
         self._init = jax.jit(self._init_impl, out_shardings=self.state_shardings)
@@ -118,6 +118,14 @@ class SlotEngine:
         harvest = (rows1, rows1, rows1, rows2, rows2, replicated, replicated)
         self._chunk = jax.jit(self._chunk_impl, donate_argnums=(1,), out_shardings=(self.state_shardings, harvest),
                               in_shardings=(sampler.param_shardings, self.state_shardings, replicated, replicated))
+        # Narrow chunks gather their rows: across devices that would move KV between them, so they are
+        # used only where the pool's rows live on one device's shard.
+        n = self.cfg.narrow_slots
+        self.narrow = n if 0 < n < self.rows and sampler.row_shards == 1 else 0
+        self.narrow_compiled = False
+        self._chunk_narrow = jax.jit(
+            self._chunk_narrow_impl, donate_argnums=(1,), out_shardings=(self.state_shardings, harvest),
+            in_shardings=(sampler.param_shardings, self.state_shardings, replicated, replicated, replicated))
 
     # ------------------------------------------------------------------ jitted programs
     def _init_impl(self):
@@ -137,8 +145,18 @@ class SlotEngine:
         state = core.generate_chunk(params, state, stop_ids, temperature, graphdef=self.sampler.graphdef,
                                     settings=self.settings, layout=self.sampler.layout)
         # The harvest is copied out, so the host may read it while the next chunk updates the donated state.
-        return state, (state.live_r, state.length_r, state.stopped_r, state.tokens_rg, state.policy_logprobs_rg,
-                       state.live_steps, state.steps)
+        return state, self._harvest(state)
+
+    def _chunk_narrow_impl(self, params, state, rows_q, stop_ids, temperature):
+        self.sampler.compilations += 1
+        state = core.generate_chunk_rows(params, state, rows_q, stop_ids, temperature, graphdef=self.sampler.graphdef,
+                                         settings=self.settings, layout=self.sampler.layout)
+        return state, self._harvest(state)
+
+    @staticmethod
+    def _harvest(state):
+        return (state.live_r, state.length_r, state.stopped_r, state.tokens_rg, state.policy_logprobs_rg,
+                state.live_steps, state.row_steps)
 
     def pool(self, store: PrefixStore, *, seed: int, on_turn=None, lagged: bool = True) -> SlotPool:
         """An empty pool for one step: rollouts sample under ``store.params`` with ``seed``; ``on_turn``
@@ -148,10 +166,10 @@ class SlotEngine:
 
 
 class SlotPool:
-    """One step's slots (see the module docstring). Counters: ``chunks`` (chunk programs run),
-    ``inserts`` (insert and extend programs run), ``live_steps`` / ``slot_steps`` (live rows and slots
-    summed over the decode steps run: their ratio is :attr:`utilization`), ``generated`` (tokens of
-    finished rollouts)."""
+    """One step's slots (see the module docstring). Counters: ``chunks`` (chunk programs run, of which
+    ``narrow_chunks`` decoded only the occupied rows), ``inserts`` (insert and extend programs run),
+    ``live_steps`` / ``slot_steps`` (live rows and rows decoded, summed over the decode steps run: their
+    ratio is :attr:`utilization`), ``generated`` (tokens of finished rollouts)."""
 
     def __init__(self, engine: SlotEngine, store: PrefixStore, seed: int,
                  on_turn: Callable[[Finished], Continue | None] | None = None, lagged: bool = True):
@@ -163,10 +181,16 @@ class SlotPool:
         self._scalars = jax.device_put((np.int32(self.seed), stop_ids, np.float32(engine.cfg.temperature)),
                                        engine._replicated)
         self.state = engine._init()
+        if engine.narrow and not engine.narrow_compiled:
+            # Compile the narrow chunk with the engine's first pool, where the other programs compile (the
+            # first step), not in whichever later step first drains: on an empty pool it decodes nothing.
+            rows_q = np.arange(engine.narrow, dtype=np.int32)
+            self.state, _ = engine._chunk_narrow(store.params, self.state, rows_q, *self._scalars[1:])
+            engine.narrow_compiled = True
         self.queue: collections.deque[_Queued] = collections.deque()
         self.occupant: list[tuple[_Queued, int] | None] = [None] * engine.rows  # (rollout, first chunk)
         self._harvests: collections.deque = collections.deque()  # (chunk index, device arrays)
-        self.chunks = self.inserts = self.live_steps = self.slot_steps = self.generated = 0
+        self.chunks = self.narrow_chunks = self.inserts = self.live_steps = self.slot_steps = self.generated = 0
 
     @property
     def idle(self) -> bool:
@@ -199,12 +223,28 @@ class SlotPool:
         self._start_queued()
         dispatched = any(o is not None for o in self.occupant)
         if dispatched:
-            self.state, harvest = self.engine._chunk(self.store.params, self.state, *self._scalars[1:])
-            self._harvests.append((self.chunks, harvest))
-            self.chunks += 1
+            self._dispatch()
         while len(self._harvests) > (1 if dispatched and self.lagged else 0):
             out += self._read(*self._harvests.popleft())
         return out
+
+    def _dispatch(self) -> None:
+        """One chunk: narrow (only the occupied rows, padded with free ones) while at most
+        ``engine.narrow`` rows are occupied, every row otherwise. Occupied rows hold every live row (a
+        row leaves them only once harvested, i.e. stopped), and the choice depends only on the
+        occupancy, so it is as deterministic as the rest of the pool."""
+        occupied = [i for i, o in enumerate(self.occupant) if o is not None]
+        q = self.engine.narrow
+        if 0 < len(occupied) <= q:
+            free = [i for i, o in enumerate(self.occupant) if o is None]
+            rows_q = np.asarray(occupied + free[:q - len(occupied)], np.int32)
+            self.state, harvest = self.engine._chunk_narrow(self.store.params, self.state, rows_q,
+                                                            *self._scalars[1:])
+            self.narrow_chunks += 1
+        else:
+            self.state, harvest = self.engine._chunk(self.store.params, self.state, *self._scalars[1:])
+        self._harvests.append((self.chunks, harvest))
+        self.chunks += 1
 
     @property
     def free(self) -> int:
@@ -249,8 +289,8 @@ class SlotPool:
 
     def _read(self, chunk: int, harvest) -> list[Finished]:
         # to_host gathers rows on other hosts' devices: every host reads the whole harvest and decides alike.
-        live, length, stopped, tokens, policy_lp, live_steps, steps = to_host(harvest)
-        self.live_steps, self.slot_steps = int(live_steps), int(steps) * self.engine.rows
+        live, length, stopped, tokens, policy_lp, live_steps, row_steps = to_host(harvest)
+        self.live_steps, self.slot_steps = int(live_steps), int(row_steps)
         out, continued = [], []
         for slot, o in enumerate(self.occupant):
             # A rollout started (or continued) after this chunk ran is not in its harvest.

@@ -44,12 +44,15 @@ from passrate_jax.allocation.machine import (begin_step, finish_step, observe_ev
 class Timing:
     """Static sizes of the time model: ``slots`` (S), ``chunk`` (k decode steps), ``max_chunks`` a step,
     round mode's ``row_buckets``; ``any_order``: the engine retires each complete request at once rather
-    than in issue order (the real loop's choice, ``Allocator.retires_in_any_order``)."""
+    than in issue order (the real loop's choice, ``Allocator.retires_in_any_order``); ``narrow``: a chunk
+    dispatched with at most this many slots occupied decodes that many rows, not S
+    (``sampling.narrow_slots``; 0: never)."""
     slots: int
     chunk: int
     max_chunks: int
     row_buckets: tuple[int, ...]
     any_order: bool = False
+    narrow: int = 0
 
 
 @struct.dataclass
@@ -132,8 +135,10 @@ def advance(f: Flights, p: Pool, timing: Timing):
     c = p.chunks
     dispatched = jnp.any(occupied)
     left = p.left_s - gain
+    n = jnp.sum(occupied)
+    width = jnp.where((n > 0) & (n <= timing.narrow), timing.narrow, timing.slots)
     p = p.replace(left_s=left, tokens_s=p.tokens_s + gain, done_at_s=jnp.where(live & (left == 0), c, p.done_at_s),
-                  slot_steps=p.slot_steps + jnp.max(gain, initial=0) * timing.slots,
+                  slot_steps=p.slot_steps + jnp.max(gain, initial=0) * width,
                   live_steps=p.live_steps + jnp.sum(gain), chunks=c + dispatched.astype(jnp.int32))
     return _deliver(f, p, c, jnp.bool_(True))
 

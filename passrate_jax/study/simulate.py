@@ -154,7 +154,9 @@ class World:
 def make_world(sim: SimulatorConfig, sampling: SamplingConfig | None, engine: str = "rounds") -> World:
     """The :class:`World` of a simulator config, its rollout mode and sampling options."""
     sampling = sampling or SamplingConfig()
-    timing = Timing(sampling.slots, sampling.chunk_tokens, sim.max_chunks, tuple(sampling.row_buckets))
+    narrow = sampling.narrow_slots if sampling.narrow_slots < sampling.slots else 0
+    timing = Timing(sampling.slots, sampling.chunk_tokens, sim.max_chunks, tuple(sampling.row_buckets),
+                    narrow=narrow)
     lengths = LengthModel.build(sim.lengths, sim.max_tokens or sampling.max_new_tokens, sim.length_median,
                                 sim.length_sigma, sim.length_fail_factor)
     return World(sim.steps, sim.drift, sim.ps_response_power, engine, timing, lengths)
