@@ -191,7 +191,8 @@ def _synthetic_run(rollouts_per_step=100):
             "groups": [[0, 0, [0, 1, 0, 1], None]], "abandoned": [[1, 4, 0]], "rounds": 2,
             "decoded": [[str(k // 4), k % 4, 3] for k in range(rollouts_per_step)] + [["AheadTag(serial=0)", 0, 5]]}
     records = [{"step": 0, "eval_accuracy": 0.5}] + [
-        {"step": t, "train_accuracy": 0.5, "update/loss": 0.1 * t, "time/step_s": t, "slot_utilization": 0.5}
+        {"step": t, "train_accuracy": 0.5, "update/loss": 0.1 * t, "time/step_s": t, "slot_utilization": 0.5,
+         "tokens/wasted": 3}
         for t in (1, 2, 3)]
     return {"steps": [json.loads(json.dumps(step)) for _ in range(3)], "records": records, "params": [[1.0, 2.0]]}
 
@@ -206,7 +207,7 @@ def test_the_comparison_catches_what_it_claims_to():
                    lambda r: r["records"][3].__setitem__("train_accuracy", 0.5 + 1e-9),  # a host number
                    lambda r: r["params"].__setitem__(0, [1.0, 2.0 + 1e-5]),  # a parameter
                    lambda r: r["steps"][1]["rollouts"][7].__setitem__(3, [9]),  # a flip too early
-                   lambda r: r["records"][2].__setitem__("slot_utilization", 0.6),  # a pool counter, no flip
+                   lambda r: r["records"][2].__setitem__("tokens/wasted", 7),  # a pool counter, no flip
                    lambda r: r["steps"][0]["decoded"].pop(),  # another rollout decoded
                    lambda r: [x.__setitem__(3, [0]) for x in r["steps"][2]["rollouts"][:4]]):  # 4 > 1% of 300
         other = _synthetic_run()
@@ -223,7 +224,7 @@ def test_the_comparison_catches_what_it_claims_to():
     # compared, later steps too, and the parameters (nothing scored flipped).
     other = _synthetic_run()
     other["steps"][1]["decoded"][-1][2] = 6
-    other["records"][2]["slot_utilization"] = 0.6
+    other["records"][2]["tokens/wasted"] = 4
     assert compare_runs(one, other, "unscored") == {"rollouts": 303, "flips": 0, "unscored_flips": 1,
                                                     "steps_compared": 3}
     other["steps"][1]["groups"] = []  # ... but not a decision

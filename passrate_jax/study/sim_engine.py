@@ -46,7 +46,7 @@ class Timing:
     round mode's ``row_buckets``; ``any_order``: the engine retires each complete request at once rather
     than in issue order (the real loop's choice, ``Allocator.retires_in_any_order``); ``narrow``: a chunk
     dispatched with at most this many slots occupied decodes that many rows, not S
-    (``sampling.narrow_slots``; 0: never)."""
+    (``sampling.narrow_slots``; 0 or at least S: never)."""
     slots: int
     chunk: int
     max_chunks: int
@@ -136,7 +136,8 @@ def advance(f: Flights, p: Pool, timing: Timing):
     dispatched = jnp.any(occupied)
     left = p.left_s - gain
     n = jnp.sum(occupied)
-    width = jnp.where((n > 0) & (n <= timing.narrow), timing.narrow, timing.slots)
+    narrow = timing.narrow if timing.narrow < timing.slots else 0  # as SlotEngine.narrow
+    width = jnp.where((n > 0) & (n <= narrow), narrow, timing.slots)
     p = p.replace(left_s=left, tokens_s=p.tokens_s + gain, done_at_s=jnp.where(live & (left == 0), c, p.done_at_s),
                   slot_steps=p.slot_steps + jnp.max(gain, initial=0) * width,
                   live_steps=p.live_steps + jnp.sum(gain), chunks=c + dispatched.astype(jnp.int32))

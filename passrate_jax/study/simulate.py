@@ -108,8 +108,7 @@ def method_configs(name: str, base: AllocationConfig, ps: PrefixSamplingConfig):
     """'sara+dps+ps' -> (AllocationConfig, PrefixSamplingConfig). The first part is uniform, ds, ds_ideal,
     sara (fill mode), sara_fixed (fixed-budget mode) or pilot_commit (or directly mopps / dps, meaning
     uniform with that selection)."""
-    parts = name.split("+")
-    head, rest = parts[0], parts[1:]
+    head, *rest = name.split("+")
     if head in ("mopps", "dps"):
         head, rest = "uniform", [head] + rest
     if head not in BASES or any(r not in ("mopps", "dps", "ps") for r in rest) or len(set(rest)) != len(rest) or (
@@ -154,9 +153,8 @@ class World:
 def make_world(sim: SimulatorConfig, sampling: SamplingConfig | None, engine: str = "rounds") -> World:
     """The :class:`World` of a simulator config, its rollout mode and sampling options."""
     sampling = sampling or SamplingConfig()
-    narrow = sampling.narrow_slots if sampling.narrow_slots < sampling.slots else 0
     timing = Timing(sampling.slots, sampling.chunk_tokens, sim.max_chunks, tuple(sampling.row_buckets),
-                    narrow=narrow)
+                    narrow=sampling.narrow_slots)
     lengths = LengthModel.build(sim.lengths, sim.max_tokens or sampling.max_new_tokens, sim.length_median,
                                 sim.length_sigma, sim.length_fail_factor)
     return World(sim.steps, sim.drift, sim.ps_response_power, engine, timing, lengths)
