@@ -198,8 +198,7 @@ class EnvStream:
         return sum(len(t.action) for t in rollout.turns)
 
     def counters(self) -> dict:
-        return {"sampler_calls": self.pool.chunks, "sampler_calls/narrow": self.pool.narrow_chunks,
-                "slot_steps": self.pool.slot_steps, "slot_utilization": self.pool.utilization}
+        return self.pool.counters()
 
     def _on_turn(self, turn: Finished) -> Continue | None:
         """Step the episode with the harvested turn; what its row appends next, or None when it ended."""

@@ -238,5 +238,4 @@ class TextStream:
         return len(rollout.ids)
 
     def counters(self) -> dict:
-        return {"sampler_calls": self.pool.chunks, "sampler_calls/narrow": self.pool.narrow_chunks,
-                "slot_steps": self.pool.slot_steps, "slot_utilization": self.pool.utilization}
+        return self.pool.counters()

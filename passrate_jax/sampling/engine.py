@@ -184,7 +184,7 @@ def extend(params: nnx.State, state: SlotState, new: SlotExtend, seed: jax.Array
     start = state.position_r[row]
     live, parent = state.cache, row
     if live.is_decode_form:  # append reads the stacked form: gather the rows first
-        live = KVCache(k=tuple(k[row] for k in live.k), v=tuple(v[row] for v in live.v)).stacked()
+        live = _cache_rows(live, row).stacked()
         parent = jnp.arange(row.shape[0], dtype=jnp.int32)
     out = append(params, live, parent, new.tokens_ia, start, new.length_i, graphdef=graphdef, layout=layout)
     cache = _put_rows(state.cache, new.slot_i, out.cache.k, out.cache.v)
@@ -249,20 +249,26 @@ _ROW_FIELDS = ("live_r", "last_token_r", "position_r", "stopped_r", "length_r", 
                "logprobs_rg", "policy_logprobs_rg")
 
 
+def _row_axis(cache: KVCache) -> int:
+    """The rows' axis of every cache buffer: [R, ...] per layer in the decode form, [layers, R, ...] else."""
+    return 0 if cache.is_decode_form else 1
+
+
+def _cache_rows(cache: KVCache, rows: jax.Array) -> KVCache:
+    """Rows ``rows`` (int32 [Q], in range) of every layer's keys and values, in the cache's own form."""
+    axis = _row_axis(cache)
+    return jax.tree.map(lambda a: jnp.take(a, rows, axis=axis), cache)
+
+
 def _take_rows(state: SlotState, rows_q: jax.Array) -> SlotState:
     """The pool restricted to rows ``rows_q`` (int32 [Q]), counters kept."""
-    c = state.cache
-    cache = (KVCache(k=tuple(k[rows_q] for k in c.k), v=tuple(v[rows_q] for v in c.v)) if c.is_decode_form
-             else KVCache(k=c.k[:, rows_q], v=c.v[:, rows_q]))
-    return state.replace(cache=cache, **{f: getattr(state, f)[rows_q] for f in _ROW_FIELDS})
+    return state.replace(cache=_cache_rows(state.cache, rows_q), **{f: getattr(state, f)[rows_q] for f in _ROW_FIELDS})
 
 
 def _put_back(state: SlotState, sub: SlotState, rows_q: jax.Array) -> SlotState:
     """``state`` with rows ``rows_q`` replaced by ``sub``'s rows and ``sub``'s counters."""
-    c, n = state.cache, sub.cache
-    cache = (KVCache(k=tuple(a.at[rows_q].set(b) for a, b in zip(c.k, n.k)),
-                     v=tuple(a.at[rows_q].set(b) for a, b in zip(c.v, n.v))) if c.is_decode_form
-             else KVCache(k=c.k.at[:, rows_q].set(n.k), v=c.v.at[:, rows_q].set(n.v)))
+    at = (slice(None),) * _row_axis(state.cache) + (rows_q,)
+    cache = jax.tree.map(lambda a, b: a.at[at].set(b), state.cache, sub.cache)
     rows = {f: getattr(state, f).at[rows_q].set(getattr(sub, f)) for f in _ROW_FIELDS}
     return state.replace(cache=cache, live_steps=sub.live_steps, steps=sub.steps, row_steps=sub.row_steps, **rows)
 

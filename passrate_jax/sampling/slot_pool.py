@@ -201,6 +201,11 @@ class SlotPool:
     def utilization(self) -> float:
         return self.live_steps / self.slot_steps if self.slot_steps else float("nan")
 
+    def counters(self) -> dict:
+        """The step's decode counters, as a run records them (``StepRollouts.engine``)."""
+        return {"sampler_calls": self.chunks, "sampler_calls/narrow": self.narrow_chunks,
+                "slot_steps": self.slot_steps, "slot_utilization": self.utilization}
+
     def add(self, context: Context, tag) -> None:
         """Queue ``context.num_samples`` rollouts (sample indices from ``context.first_sample_index``)."""
         budget = context.max_new_tokens or self.engine.cfg.max_new_tokens
@@ -233,9 +238,9 @@ class SlotPool:
         ``engine.narrow`` rows are occupied, every row otherwise. Occupied rows hold every live row (a
         row leaves them only once harvested, i.e. stopped), and the choice depends only on the
         occupancy, so it is as deterministic as the rest of the pool."""
-        occupied = [i for i, o in enumerate(self.occupant) if o is not None]
-        q = self.engine.narrow
-        if 0 < len(occupied) <= q:
+        occupied = [i for i, o in enumerate(self.occupant) if o is not None]  # at least one: a chunk to run
+        q = self.engine.narrow  # 0: never narrow
+        if len(occupied) <= q:
             free = [i for i, o in enumerate(self.occupant) if o is None]
             rows_q = np.asarray(occupied + free[:q - len(occupied)], np.int32)
             self.state, harvest = self.engine._chunk_narrow(self.store.params, self.state, rows_q,
