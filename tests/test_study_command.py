@@ -7,6 +7,7 @@ from passrate_jax.cli.main import main
 from passrate_jax.run.config import load_config
 from passrate_jax.run.metrics import read_jsonl
 from passrate_jax.run.train import train
+from passrate_jax.study import provenance
 from passrate_jax.study.runner import make_plan
 from tests.test_train_e2e import TINY, _comparable
 
@@ -36,6 +37,11 @@ def test_study_command_runs_in_worker_processes_and_reports(tmp_path, capsys):
     report = (out / "results.md").read_text()
     assert "| GRPO (uniform) | " in report and "| SARA (fill) | " in report
     plan = make_plan("configs/default.yaml", ["grpo", "sara"], [0, 1], tiny, str(out), quick=True)
+    # Each run recorded one attempt's numerics, the same in both workers and in this process (one machine,
+    # one environment), so the report pairs every seed.
+    prints = [provenance.fingerprints(plan.run_dir(m, s)) for m, s in plan.jobs()]
+    assert prints == [{provenance.numerics_fingerprint()}] * 4
+    assert "**Pairing**: 4 of 4 runs recorded" in report and "share one" in report
     train(load_config("configs/default.yaml", plan.config_overrides("sara", 1)), str(tmp_path / "alone"),
           progress=False, log=lambda *a: None)
     alone = _comparable(read_jsonl(tmp_path / "alone" / "metrics.jsonl"))

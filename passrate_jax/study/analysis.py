@@ -25,6 +25,7 @@ import numpy as np
 from passrate_jax.run.metrics import read_jsonl
 from passrate_jax.study.methods import BASELINES, CLAIMS
 from passrate_jax.study.probes import premise, seed_probes
+from passrate_jax.study.provenance import unpaired_seeds
 from passrate_jax.study.stats import (claim_p_values, factor_interval, first_reach, holm, km_median, log_factor_bounds,
                                       mean_over, paired_interval, verdict)
 
@@ -145,11 +146,13 @@ def summarise(per_seed: dict[int, dict]) -> dict:
     return out
 
 
-def compare(method: dict[int, dict], base: dict[int, dict], measure: str, no_gain=()) -> dict:
+def compare(method: dict[int, dict], base: dict[int, dict], measure: str, no_gain=(), unpaired=()) -> dict:
     """The paired comparison of ``method`` with ``base`` on their common seeds: a factor interval (above
     1 favours the method) or, for accuracies, the interval of the difference method - base. To-target
-    measures leave out the ``no_gain`` seeds (GRPO gained nothing there, so the target is no target)."""
-    seeds = sorted(set(method) & set(base) - (set(no_gain) if measure in CENSORED else set()))
+    measures leave out the ``no_gain`` seeds (GRPO gained nothing there, so the target is no target);
+    every measure leaves out the ``unpaired`` seeds (the two runs were computed differently:
+    ``provenance.unpaired_seeds``)."""
+    seeds = sorted(set(method) & set(base) - set(unpaired) - (set(no_gain) if measure in CENSORED else set()))
     if measure in CENSORED:
         b, m = [base[s][measure] for s in seeds], [method[s][measure] for s in seeds]
         lo, hi = log_factor_bounds([v for v, _ in b], [o for _, o in b], [v for v, _ in m], [o for _, o in m])
@@ -164,13 +167,16 @@ def compare(method: dict[int, dict], base: dict[int, dict], measure: str, no_gai
         d = [method[s][measure] - base[s][measure] for s in seeds]
         r = paired_interval(d, d)
         r["censored_seeds"] = 0
-    return {**r, "kind": "difference" if measure in DIFFERENCES else "factor", "seeds": seeds}
+    return {**r, "kind": "difference" if measure in DIFFERENCES else "factor", "seeds": seeds,
+            "unpaired_seeds": sorted(unpaired)}
 
 
 def analyse(runs: dict[str, dict[int, list[dict]]], *, target_fraction: float = TARGET_FRACTION,
-            metric: str | None = None, ps_warmup: int | None = None) -> dict:
+            metric: str | None = None, ps_warmup: int | None = None, prints=None) -> dict:
     """Everything the report shows, from ``runs`` (method -> seed -> metrics records); see the module
-    docstring for the definitions. Needs GRPO runs (they set the targets)."""
+    docstring for the definitions. Needs GRPO runs (they set the targets). ``prints`` (method -> seed ->
+    numerics fingerprints, ``provenance.load_fingerprints``): seeds whose two runs disagree are left out
+    of their comparison."""
     base = runs.get("grpo", {})
     if not base:
         raise RuntimeError("no GRPO run: the target accuracy cannot be set")
@@ -194,24 +200,28 @@ def analyse(runs: dict[str, dict[int, list[dict]]], *, target_fraction: float = 
     # A seed whose GRPO run did not improve on its warm start has a target at or below the start: every
     # run "reaches" it at its first evaluation, and time to target measures nothing there.
     no_gain = sorted(s for s in targets if plateaus[s] <= starts[s])
-    comparisons = {(m, b): {measure: compare(per_seed[m], per_seed[b], measure, no_gain) for measure in COMPARED}
+    prints = prints or {}
+    comparisons = {(m, b): {measure: compare(per_seed[m], per_seed[b], measure, no_gain, unpaired_seeds(prints, m, b))
+                            for measure in COMPARED}
                    for m in per_seed for b in BASELINES if b in per_seed and b != m}
     return {"metric": metric, "targets": targets, "peaks": peaks, "no_gain_seeds": no_gain, "starts": starts,
             "grpo_plateau_reached": {s: plateau_reached(r, metric) for s, r in base.items()},
             "plateaus": plateaus,
             "target_fraction": target_fraction, "ps_warmup": ps_warmup, "horizons": horizons,
             "per_seed": per_seed, "methods": {m: summarise(x) for m, x in per_seed.items()},
-            "comparisons": comparisons, "claims": judge_claims(per_seed, no_gain)}
+            "comparisons": comparisons, "claims": judge_claims(per_seed, no_gain, prints),
+            "fingerprints": {m: {s: sorted(f) for s, f in by_seed.items()} for m, by_seed in prints.items()}}
 
 
-def judge_claims(per_seed: dict[str, dict[int, dict]], no_gain) -> list[dict]:
+def judge_claims(per_seed: dict[str, dict[int, dict]], no_gain, prints=None) -> list[dict]:
     """Every claim whose method and baseline ran: its paired interval, its two one-sided p-values, Holm-
     adjusted over all the claims' tests together (``stats`` module docstring), its premise probe, and
     its verdict."""
     rows = []
     for c in CLAIMS:
         if c.method in per_seed and c.baseline in per_seed:
-            iv = compare(per_seed[c.method], per_seed[c.baseline], c.measure, no_gain)
+            iv = compare(per_seed[c.method], per_seed[c.baseline], c.measure, no_gain,
+                         unpaired_seeds(prints or {}, c.method, c.baseline))
             probes = {s: x["probes"] for s, x in per_seed.get(c.premise_run, {}).items()}
             grpo = {s: x["probes"] for s, x in per_seed.get("grpo", {}).items()}
             rows.append({"claim": c, "interval": iv, "p": claim_p_values(iv, c.kind, c.value),

@@ -18,6 +18,7 @@ import numpy as np
 
 from passrate_jax.study.analysis import CENSORED, PLATEAU_EVALS
 from passrate_jax.study.methods import BASELINES, DEFAULT_METHODS, METHODS
+from passrate_jax.study.provenance import pairing_lines
 from passrate_jax.study.stats import LEVEL
 
 DISCUSSION_MARKER = "<!-- discussion: text below this line is kept when the study rewrites this file -->"
@@ -41,6 +42,8 @@ def fmt_interval(iv: dict, digits: int = 2) -> str:
     text = f"{est} [{_num(iv['ci_lo'], digits)}, {_num(iv['ci_hi'], digits)}]"
     if iv.get("censored_seeds"):
         text += f" ({iv['censored_seeds']} censored)"
+    if iv.get("unpaired_seeds"):
+        text += f" (seed(s) {', '.join(map(str, iv['unpaired_seeds']))} unpaired, left out)"
     return text
 
 
@@ -178,6 +181,7 @@ def _setup(plan, analysis, command) -> list[str]:
                   f"{', '.join(map(str, plan.headline_seeds))} (`--headline-seeds`): a comparison between two of "
                   f"them pairs {len(plan.seeds) + len(plan.headline_seeds)} seeds, any other "
                   f"{len(plan.seeds)}.", ""]
+    lines += pairing_lines(analysis.get("fingerprints", {}), _label)
     if analysis.get("not_trained"):
         missing: dict[str, list[int]] = {}
         for m, s in analysis["not_trained"]:

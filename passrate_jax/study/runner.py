@@ -29,6 +29,7 @@ from passrate_jax.run.metrics import read_jsonl
 from passrate_jax.run.train import train
 from passrate_jax.run.warm_start import warm_start_file
 from passrate_jax.study.analysis import analyse, load_runs
+from passrate_jax.study import provenance
 from passrate_jax.study.methods import DEFAULT_METHODS, HEADLINE_METHODS, METHODS, NEUTRAL, PS_INVESTIGATION
 from passrate_jax.study.report import write_report
 
@@ -127,6 +128,7 @@ def _train_run(base_config, overrides: list[str], run_dir: str, start_metrics: d
     """Train one study run (in this process, or in a worker process of a parallel study)."""
     jax.config.update("jax_compilation_cache_dir", xla_cache)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+    provenance.record(run_dir)
     train(load_config(base_config, overrides), run_dir, progress=False, log=lambda *a: None,
           start_metrics=start_metrics)
 
@@ -198,7 +200,8 @@ def run_study(plan: StudyPlan, *, progress: bool = True, target_fraction: float 
         _train_pending(jobs, pending, keys, starts, launch, finished, cached)
     if bar is not None:
         bar.close()
-    analysis = analyse(load_runs(plan, leave_out=not_trained), target_fraction=target_fraction, metric=metric)
+    analysis = analyse(load_runs(plan, leave_out=not_trained), target_fraction=target_fraction, metric=metric,
+                       prints=provenance.load_fingerprints(plan, leave_out=not_trained))
     analysis["not_trained"] = not_trained
     analysis["study_seconds"] = time.perf_counter() - t0
     analysis["machine"] = f"{platform.platform()}, {os.cpu_count()} CPU cores, jax {jax.__version__} " \
