@@ -81,3 +81,8 @@ def test_agreeing_or_missing_records_change_nothing(prints):
     assert provenance.unpaired_seeds(prints, "ds", "grpo") == []
     lines = provenance.pairing_lines(prints, str)
     assert lines == [] if not prints else "share one" in lines[0]
+
+
+def test_a_study_without_records_says_nothing_checks_its_pairing():
+    lines = provenance.pairing_lines({"grpo": {0: frozenset()}, "ds": {0: frozenset()}}, str)
+    assert lines[0].startswith("**Pairing**: 0 of 2 runs") and "nothing here checks" in lines[0]

@@ -114,6 +114,8 @@ def pairing_lines(prints: dict[str, dict[int, frozenset[str]]], label) -> list[s
                 groups.setdefault(" + ".join(sorted(f)), []).append(label(m))
         if len(groups) > 1 or any("+" in k for k in groups):
             mixed.append(f"seed {s}: " + "; ".join(f"`{k}` {', '.join(v)}" for k, v in groups.items()))
+    if not recorded:
+        return [text + ": nothing here checks that a seed's runs were computed alike.", ""]
     if not mixed:
         return [text + "; every seed's recorded runs share one.", ""]
     return [text + ". **Seeds whose runs were computed differently** (each comparison leaves out the seeds on "
