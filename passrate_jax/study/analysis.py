@@ -175,8 +175,8 @@ def analyse(runs: dict[str, dict[int, list[dict]]], *, target_fraction: float = 
             metric: str | None = None, ps_warmup: int | None = None, prints=None) -> dict:
     """Everything the report shows, from ``runs`` (method -> seed -> metrics records); see the module
     docstring for the definitions. Needs GRPO runs (they set the targets). ``prints`` (method -> seed ->
-    numerics fingerprints, ``provenance.load_fingerprints``): seeds whose two runs disagree are left out
-    of their comparison."""
+    numerics fingerprints, ``provenance.load_fingerprints``; none: every run counts as paired): seeds
+    whose two runs disagree are left out of their comparison."""
     base = runs.get("grpo", {})
     if not base:
         raise RuntimeError("no GRPO run: the target accuracy cannot be set")
@@ -201,9 +201,12 @@ def analyse(runs: dict[str, dict[int, list[dict]]], *, target_fraction: float = 
     # run "reaches" it at its first evaluation, and time to target measures nothing there.
     no_gain = sorted(s for s in targets if plateaus[s] <= starts[s])
     prints = prints or {}
-    comparisons = {(m, b): {measure: compare(per_seed[m], per_seed[b], measure, no_gain, unpaired_seeds(prints, m, b))
-                            for measure in COMPARED}
-                   for m in per_seed for b in BASELINES if b in per_seed and b != m}
+    pairs = [(m, b) for m in per_seed for b in BASELINES if b in per_seed and b != m]
+    comparisons = {}
+    for m, b in pairs:
+        unpaired = unpaired_seeds(prints, m, b)
+        comparisons[m, b] = {measure: compare(per_seed[m], per_seed[b], measure, no_gain, unpaired)
+                             for measure in COMPARED}
     return {"metric": metric, "targets": targets, "peaks": peaks, "no_gain_seeds": no_gain, "starts": starts,
             "grpo_plateau_reached": {s: plateau_reached(r, metric) for s, r in base.items()},
             "plateaus": plateaus,
@@ -213,7 +216,7 @@ def analyse(runs: dict[str, dict[int, list[dict]]], *, target_fraction: float = 
             "fingerprints": {m: {s: sorted(f) for s, f in by_seed.items()} for m, by_seed in prints.items()}}
 
 
-def judge_claims(per_seed: dict[str, dict[int, dict]], no_gain, prints=None) -> list[dict]:
+def judge_claims(per_seed: dict[str, dict[int, dict]], no_gain, prints) -> list[dict]:
     """Every claim whose method and baseline ran: its paired interval, its two one-sided p-values, Holm-
     adjusted over all the claims' tests together (``stats`` module docstring), its premise probe, and
     its verdict."""
@@ -221,7 +224,7 @@ def judge_claims(per_seed: dict[str, dict[int, dict]], no_gain, prints=None) -> 
     for c in CLAIMS:
         if c.method in per_seed and c.baseline in per_seed:
             iv = compare(per_seed[c.method], per_seed[c.baseline], c.measure, no_gain,
-                         unpaired_seeds(prints or {}, c.method, c.baseline))
+                         unpaired_seeds(prints, c.method, c.baseline))
             probes = {s: x["probes"] for s, x in per_seed.get(c.premise_run, {}).items()}
             grpo = {s: x["probes"] for s, x in per_seed.get("grpo", {}).items()}
             rows.append({"claim": c, "interval": iv, "p": claim_p_values(iv, c.kind, c.value),

@@ -4,7 +4,7 @@ A study pairs its methods within a seed: same warm start, same random streams, d
 holds only if every run of the seed computes with the same floating-point arithmetic. XLA compiles for
 the machine it runs on (its CPU's instructions, XLA's version and flags), and one flipped sampled token
 sends a run down another trajectory. Study v4 met exactly this: runs of one seed made a day apart, by the
-same code and the same jax, drew different rollouts from step 1 (docs/results.md, *Reproducibility*).
+same code and the same jax, drew different rollouts from step 1 (docs/results.md, *Why v5*).
 
 So each study run records, once per attempt (a run resumed elsewhere records both), a **numerics
 fingerprint**: the bits of a fixed computation (a small transformer's log-probabilities and tokens drawn
@@ -81,13 +81,9 @@ def fingerprints(run_dir: str) -> frozenset[str]:
         return frozenset(json.loads(line)["numerics"] for line in f if line.strip())
 
 
-def load_fingerprints(plan, leave_out=()) -> dict[str, dict[int, frozenset[str]]]:
-    """method -> seed -> fingerprints, for every run of ``plan`` that has metrics, but those in ``leave_out``."""
-    out: dict[str, dict[int, frozenset[str]]] = {}
-    for m, s in plan.jobs():
-        if (m, s) not in leave_out and os.path.exists(os.path.join(plan.run_dir(m, s), "metrics.jsonl")):
-            out.setdefault(m, {})[s] = fingerprints(plan.run_dir(m, s))
-    return out
+def load_fingerprints(plan, runs: dict[str, dict[int, list[dict]]]) -> dict[str, dict[int, frozenset[str]]]:
+    """method -> seed -> fingerprints, for the runs of ``plan`` the analysis read (``analysis.load_runs``)."""
+    return {m: {s: fingerprints(plan.run_dir(m, s)) for s in by_seed} for m, by_seed in runs.items()}
 
 
 def unpaired_seeds(prints: dict[str, dict[int, frozenset[str]]], method: str, base: str) -> list[int]:
@@ -100,22 +96,19 @@ def unpaired_seeds(prints: dict[str, dict[int, frozenset[str]]], method: str, ba
 def pairing_lines(prints: dict[str, dict[int, frozenset[str]]], label) -> list[str]:
     """The report's paragraph on pairing: how many runs recorded a fingerprint, and every seed whose runs
     disagree, with the methods under each fingerprint (``label``: a method's display name)."""
-    runs = [(m, s, f) for m, by_seed in prints.items() for s, f in by_seed.items()]
-    recorded = [r for r in runs if r[2]]
+    runs = [(m, s, frozenset(f)) for m, by_seed in prints.items() for s, f in by_seed.items()]
     if not runs:
         return []
+    recorded = [r for r in runs if r[2]]
     text = (f"**Pairing**: {len(recorded)} of {len(runs)} runs recorded the numerics fingerprint of the machine "
             "that made them (`passrate_jax/study/provenance.py`; the others were made before runs recorded it)")
-    mixed = []
-    for s in sorted({s for _, s, _ in recorded}):
-        groups: dict[str, list[str]] = {}
-        for m, seed, f in recorded:
-            if seed == s:
-                groups.setdefault(" + ".join(sorted(f)), []).append(label(m))
-        if len(groups) > 1 or any("+" in k for k in groups):
-            mixed.append(f"seed {s}: " + "; ".join(f"`{k}` {', '.join(v)}" for k, v in groups.items()))
     if not recorded:
         return [text + ": nothing here checks that a seed's runs were computed alike.", ""]
+    groups: dict[int, dict[frozenset[str], list[str]]] = {}  # seed -> a run's fingerprints -> its methods
+    for m, s, f in recorded:
+        groups.setdefault(s, {}).setdefault(f, []).append(label(m))
+    mixed = [f"seed {s}: " + "; ".join(f"`{' + '.join(sorted(f))}` {', '.join(ms)}" for f, ms in g.items())
+             for s, g in sorted(groups.items()) if len(g) > 1 or any(len(f) > 1 for f in g)]
     if not mixed:
         return [text + "; every seed's recorded runs share one.", ""]
     return [text + ". **Seeds whose runs were computed differently** (each comparison leaves out the seeds on "

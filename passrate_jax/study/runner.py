@@ -28,8 +28,8 @@ from passrate_jax.run.config import load_config
 from passrate_jax.run.metrics import read_jsonl
 from passrate_jax.run.train import train
 from passrate_jax.run.warm_start import warm_start_file
-from passrate_jax.study.analysis import analyse, load_runs
 from passrate_jax.study import provenance
+from passrate_jax.study.analysis import analyse, load_runs
 from passrate_jax.study.methods import DEFAULT_METHODS, HEADLINE_METHODS, METHODS, NEUTRAL, PS_INVESTIGATION
 from passrate_jax.study.report import write_report
 
@@ -200,8 +200,8 @@ def run_study(plan: StudyPlan, *, progress: bool = True, target_fraction: float 
         _train_pending(jobs, pending, keys, starts, launch, finished, cached)
     if bar is not None:
         bar.close()
-    analysis = analyse(load_runs(plan, leave_out=not_trained), target_fraction=target_fraction, metric=metric,
-                       prints=provenance.load_fingerprints(plan, leave_out=not_trained))
+    analysis = analyse(runs := load_runs(plan, leave_out=not_trained), target_fraction=target_fraction,
+                       metric=metric, prints=provenance.load_fingerprints(plan, runs))  # of exactly the runs analysed
     analysis["not_trained"] = not_trained
     analysis["study_seconds"] = time.perf_counter() - t0
     analysis["machine"] = f"{platform.platform()}, {os.cpu_count()} CPU cores, jax {jax.__version__} " \
